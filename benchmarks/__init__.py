@@ -1,0 +1,1 @@
+"""eqattn benchmarks: `python -m benchmarks [SUITE ...] [--quick] [--out DIR]`."""

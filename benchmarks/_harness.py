@@ -1,0 +1,103 @@
+"""Timing and reporting shared by the suites.
+
+Timing rules: jit first, compile (and time the compile) separately, one warm-up call, then the
+median of `repeats` calls each ended by `block_until_ready`; inputs are put on the device before.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def time_jitted(fn, *args, repeats: int = 10) -> dict[str, Any]:
+    """Compile `jax.jit(fn)` for `args`, then time it. Returns seconds (median and all repeats)."""
+    args = jax.device_put(args)
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    jax.block_until_ready(compiled(*args))  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t0)
+    return {"median_s": statistics.median(times), "times_s": times, "compile_s": compile_s}
+
+
+def matmul_rate(size: int = 2048, repeats: int = 10) -> float:
+    """Achieved FLOP/s of a float32 `size x size` matmul on the default device (the ceiling)."""
+    a = jax.random.normal(jax.random.key(0), (size, size), np.float32)
+    t = time_jitted(lambda x, y: x @ y, a, a, repeats=repeats)["median_s"]
+    return 2 * size**3 / t
+
+
+def device_description() -> dict[str, Any]:
+    dev = jax.devices()[0]
+    return {
+        "platform": dev.platform,
+        "device_kind": dev.device_kind,
+        "device_count": jax.device_count(),
+        "cpu": platform.processor() or platform.machine(),
+    }
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("jax", "jaxlib", "jaxopt", "equinox", "eqattn"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_results(out_dir: Path, suite: str, rows: list[dict], extra: dict | None = None) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = device_description()
+    stamp = datetime.datetime.now(datetime.UTC)
+    tag = dev["device_kind"].lower().replace(" ", "-")
+    path = out_dir / f"{suite}-{dev['platform']}-{tag}.json"
+    payload = {
+        "suite": suite,
+        "date": stamp.isoformat(timespec="seconds"),
+        "device": dev,
+        "versions": versions(),
+        "git_commit": git_commit(),
+        **(extra or {}),
+        "rows": rows,
+    }
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """Print `rows` with `columns` = [(key, header, format)]."""
+    cells = [[h for _, h, _ in columns]]
+    for r in rows:
+        cells.append([("" if r.get(k) is None else format(r[k], f)) for k, _, f in columns])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    for j, line in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))

@@ -1,0 +1,231 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import eqattn
+
+from . import reference
+
+SHAPES = [
+    # (q shape, k shape, v shape, beta shape, mask shape)
+    ((5, 3), (7, 3), (7, 4), (), None),
+    ((2, 5, 3), (2, 7, 3), (2, 7, 2), (), (2, 5, 7)),
+    ((2, 4, 6, 8), (4, 9, 8), (1, 4, 9, 5), (4,), (6, 9)),  # per-head beta, shared mask
+    ((3, 1, 6, 4), (1, 2, 5, 4), (3, 2, 5, 4), (3, 2), (3, 1, 1, 5)),  # padding-style mask
+    ((1, 3), (1, 3), (1, 2), (), None),  # one query, one key
+    ((70, 5), (50, 5), (50, 3), (), (70, 50)),
+]
+
+
+def _inputs(rng, qs, ks, vs, bs, ms, dtype=np.float64):
+    q = rng.normal(size=qs).astype(dtype)
+    k = rng.normal(size=ks).astype(dtype)
+    v = rng.normal(size=vs).astype(dtype)
+    beta = rng.uniform(0.3, 2.0, size=bs)
+    mask = None if ms is None else rng.random(ms) > 0.3
+    return q, k, v, beta, mask
+
+
+def _assert_matches(out, lse, ref_out, ref_lse, tol):
+    np.testing.assert_allclose(out, ref_out, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("path", ["one-shot", "tiled"])
+@pytest.mark.parametrize("shapes", SHAPES)
+def test_matches_reference(rng, request, path, shapes):
+    if path == "tiled":
+        request.getfixturevalue("tiny_tiles")
+    q, k, v, beta, mask = _inputs(rng, *shapes)
+    out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+    ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, mask)
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
+    assert out.dtype == jnp.float64 and lse.dtype == jnp.float64
+    _assert_matches(out, lse, ref_out, ref_lse, 1e-12)
+
+
+@pytest.mark.parametrize("path", ["one-shot", "tiled"])
+@pytest.mark.parametrize("shapes", [SHAPES[1], SHAPES[2], SHAPES[3], SHAPES[5]])
+def test_gradients_match_finite_differences(rng, request, path, shapes):
+    if path == "tiled":
+        request.getfixturevalue("tiny_tiles")
+    q, k, v, beta, mask = _inputs(rng, *shapes)
+    if mask is not None:
+        mask[..., 0] = True  # keep every lse finite so the loss below is smooth
+    c = rng.normal(size=np.broadcast_shapes(q.shape[:-1], k.shape[:-2] + (1,)) + (v.shape[-1],))
+    w = rng.normal(size=c.shape[:-1])
+
+    def loss(q, k, v, beta):
+        out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+        return jnp.sum(out * c) + jnp.sum(jnp.tanh(lse) * w)
+
+    check_grads(loss, (q, k, v, beta), order=2, modes=["rev"], atol=1e-6, rtol=1e-6, eps=1e-5)
+
+
+def test_tiled_and_one_shot_agree_in_float32(rng, monkeypatch):
+    q, k, v, beta, mask = _inputs(
+        rng, (2, 70, 8), (2, 45, 8), (2, 45, 6), (2,), (2, 70, 45), np.float32
+    )
+    mask[0, 3] = False
+
+    def run():
+        f = lambda q, k, v: eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)  # noqa: E731
+        g = jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a)[0])), argnums=(0, 1, 2))
+        return f(q, k, v), g(q, k, v)
+
+    one_shot = run()
+    import eqattn._core as core
+
+    monkeypatch.setattr(core, "_TILE_LOGITS_FORWARD", 32)
+    monkeypatch.setattr(core, "_TILE_LOGITS_BACKWARD", 32)
+    monkeypatch.setattr(core, "_TILE_MIN_LOGITS", 0)
+    tiled = run()
+    for a, b in zip(jax.tree.leaves(one_shot), jax.tree.leaves(tiled)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["one-shot", "tiled"])
+def test_fully_masked_rows(rng, request, path):
+    if path == "tiled":
+        request.getfixturevalue("tiny_tiles")
+    q, k, v, beta, mask = _inputs(rng, (2, 40, 4), (2, 33, 4), (2, 33, 3), (), (2, 40, 33))
+    mask[0, 5] = False
+    mask[1, :] = False  # a whole batch element sees nothing
+
+    def f(q, k, v, beta):
+        return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+
+    out, lse = f(q, k, v, beta)
+    assert np.all(np.isneginf(lse[0, 5])) and np.all(np.isneginf(lse[1]))
+    assert np.all(out[0, 5] == 0) and np.all(out[1] == 0)
+    assert np.all(np.isfinite(lse[0, :5]))
+
+    # Gradients through out *and* lse (masked to the finite entries) are finite, and zero for the
+    # rows that see nothing.
+    def loss(q, k, v, beta):
+        out, lse = f(q, k, v, beta)
+        return jnp.sum(out**2) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, beta)
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    assert np.all(grads[0][0, 5] == 0) and np.all(grads[0][1] == 0)
+    assert np.all(grads[1][1] == 0) and np.all(grads[2][1] == 0)
+
+
+def test_no_keys():
+    out, lse = eqattn.attention_with_lse(jnp.ones((3, 2)), jnp.ones((0, 2)), jnp.ones((0, 5)))
+    assert out.shape == (3, 5) and np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_huge_logits(rng, dtype):
+    # logits around 1e4: the naive exp overflows; the shifted one does not.
+    q = (rng.normal(size=(2, 6, 4)) * 50).astype(dtype)
+    k = (rng.normal(size=(2, 9, 4)) * 50).astype(dtype)
+    v = rng.normal(size=(2, 9, 3)).astype(dtype)
+    assert np.abs(np.einsum("bnd,bmd->bnm", q, k)).max() > 1e4
+    out, lse = eqattn.attention_with_lse(q, k, v)
+    ref_out, ref_lse = reference.attention_with_lse(q, k, v)
+    tol = 1e-12 if dtype == np.float64 else 2e-4
+    np.testing.assert_allclose(out, ref_out, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse, ref_lse, rtol=tol)
+    g = jax.grad(lambda q: jnp.sum(eqattn.attention_with_lse(q, k, v)[1]))(q)
+    assert np.all(np.isfinite(g))
+
+
+def test_single_key_is_identity(rng):
+    q, k, v = rng.normal(size=(4, 3)), rng.normal(size=(1, 3)), rng.normal(size=(1, 5))
+    out, lse = eqattn.attention_with_lse(q, k, v, beta=0.7)
+    np.testing.assert_allclose(out, np.broadcast_to(v, (4, 5)), rtol=1e-14)
+    np.testing.assert_allclose(lse, 0.7 * q @ k[0], rtol=1e-14)
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.bfloat16, 3e-2), (jnp.float16, 4e-3)])
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_low_precision_inputs(rng, dtype, tol, scale):
+    q = jnp.asarray(rng.normal(size=(2, 16, 8)) * scale, dtype)
+    k = jnp.asarray(rng.normal(size=(2, 20, 8)) * scale, dtype)
+    v = jnp.asarray(rng.normal(size=(2, 20, 8)), dtype)
+    out, lse = eqattn.attention_with_lse(q, k, v)
+    assert out.dtype == dtype and lse.dtype == dtype
+    # Compare with float64 on the same (rounded) inputs: only the output rounding is lost.
+    ref_out, ref_lse = reference.attention_with_lse(*(np.asarray(x, np.float64) for x in (q, k, v)))
+    assert np.all(np.isfinite(np.asarray(lse, np.float64)))
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref_out, atol=tol, rtol=tol)
+    np.testing.assert_allclose(np.asarray(lse, np.float64), ref_lse, rtol=tol)
+    grads = jax.grad(lambda q, k: jnp.sum(eqattn.attention(q, k, v).astype(jnp.float32)), (0, 1))(
+        q, k
+    )
+    assert all(g.dtype == dtype and np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
+
+
+def test_jit_and_vmap(rng):
+    q, k, v, beta, mask = _inputs(rng, (4, 5, 3), (4, 6, 3), (4, 6, 2), (4,), (4, 5, 6))
+    f = lambda q, k, v, b, m: eqattn.attention_with_lse(q, k, v, beta=b, mask=m)  # noqa: E731
+    batched = f(q, k, v, beta, mask)
+    vmapped = jax.vmap(jax.jit(f))(q, k, v, beta, mask)
+    for a, b in zip(batched, vmapped):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+def test_traced_beta_and_beta_gradient(rng):
+    q, k = rng.normal(size=(5, 3)), rng.normal(size=(6, 3))
+
+    def lse_sum(beta):
+        return jnp.sum(eqattn.attention_with_lse(q, k, beta=beta)[1])
+
+    # d/dbeta sum_i lse_i = sum_i E_p[q_i . k]; check against a central difference.
+    g = jax.jit(jax.grad(lse_sum))(0.8)
+    h = 1e-6
+    fd = (lse_sum(0.8 + h) - lse_sum(0.8 - h)) / (2 * h)
+    np.testing.assert_allclose(g, fd, rtol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            dict(queries=np.ones((4, 3)), keys=np.ones((5, 2))),
+            r"feature size d.*\(4, 3\).*\(5, 2\)",
+        ),
+        (
+            dict(queries=np.ones((4, 3)), keys=np.ones((5, 3)), values=np.ones((6, 2))),
+            "one row per key",
+        ),
+        (
+            dict(queries=np.ones((4, 3)), keys=np.ones((5, 3)), mask=np.ones((4, 6), bool)),
+            "`mask` must broadcast",
+        ),
+        (
+            dict(queries=np.ones((4, 3)), keys=np.ones((5, 3)), mask=np.ones((2, 4, 5), bool)),
+            "`mask` must broadcast",
+        ),
+        (
+            dict(queries=np.ones((4, 3)), keys=np.ones((5, 3)), mask=np.ones((4, 5))),
+            "must be boolean",
+        ),
+        (dict(queries=np.ones((4, 3)), keys=np.ones((5, 3)), beta=0.0), r"`beta`.*> 0"),
+        (
+            dict(queries=np.ones((4, 3)), keys=np.ones((5, 3)), beta=np.array([1.0, -1.0])),
+            r"`beta`",
+        ),
+        (
+            dict(queries=np.ones((2, 4, 3)), keys=np.ones((5, 3)), beta=np.ones(3)),
+            r"`beta` must be a scalar or broadcast",
+        ),
+        (
+            dict(queries=np.ones((2, 4, 3)), keys=np.ones((3, 5, 3))),
+            r"batch\) axes of `queries`, `keys`",
+        ),
+        (dict(queries=np.ones(3), keys=np.ones((5, 3))), r"`queries` must have shape"),
+        (dict(queries=np.ones((4, 3), int), keys=np.ones((5, 3))), r"floating-point"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        eqattn.attention_with_lse(**kwargs)
