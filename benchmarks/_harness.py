@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -48,6 +49,7 @@ def device_description() -> dict[str, Any]:
         "device_kind": dev.device_kind,
         "device_count": jax.device_count(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
     }
 
 

@@ -9,5 +9,13 @@ from ._attention import (
     split_heads as split_heads,
 )
 from ._core import attention_with_lse as attention_with_lse
+from ._hopfield import hopfield_energy as hopfield_energy, hopfield_update as hopfield_update
+from ._measures import (
+    AbstractCarrier as AbstractCarrier,
+    Discrete as Discrete,
+    Gaussian as Gaussian,
+    GaussianMixture as GaussianMixture,
+)
+from ._renorm import renormalize as renormalize, standardize_tokens as standardize_tokens
 
 __version__ = importlib.metadata.version("eqattn")

@@ -1,0 +1,56 @@
+r"""Renormalization operators: they contract what residual attention expands.
+
+A residual attention step $\eta \leftarrow \eta + \frac1\beta\nabla A(\eta)$ is gradient ascent on the
+log-normalizer and spreads the tokens out; renormalization maps them back to a fixed scale, so
+$\mathrm{RN}\circ(I + \mathrm{attn})$ can have equilibrium token distributions (A. Shim, "A
+Probabilistic Interpretation of Transformers", 2021).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from ._core import _compute_dtype
+
+
+def renormalize(
+    x: Float[ArrayLike, "*shape"], *, axis: int | tuple[int, ...] = -1, eps: float = 1e-5
+) -> Float[Array, "*shape"]:
+    r"""Zero mean and unit variance along `axis` (layer norm without affine parameters):
+
+    $$\mathrm{RN}(x) = \frac{x - \bar x}{\sqrt{\mathrm{Var}[x] + \epsilon}}.$$
+
+    Statistics are computed in at least float32; the result has the dtype of `x`.
+    """
+    x = jnp.asarray(x)
+    if eps < 0:
+        raise ValueError(f"`eps` must be >= 0; got {eps}.")
+    xf = x.astype(_compute_dtype(x.dtype))
+    mean = jnp.mean(xf, axis=axis, keepdims=True)
+    centred = xf - mean
+    var = jnp.mean(centred * centred, axis=axis, keepdims=True)
+    return (centred / jnp.sqrt(var + eps)).astype(x.dtype)
+
+
+def standardize_tokens(
+    x: Float[ArrayLike, "*batch n d"], *, eps: float = 1e-5
+) -> Float[Array, "*batch n d"]:
+    r"""Standardize the cloud of n tokens: zero mean and identity covariance across tokens.
+
+    $$\mathrm{RN}(x)_i = (\Sigma + \epsilon I)^{-1/2}(x_i - \bar x),\qquad
+      \Sigma = \tfrac1n\textstyle\sum_i (x_i - \bar x)(x_i - \bar x)^\top$$
+
+    (symmetric, "ZCA" whitening, so it commutes with rotations of the features). On Gaussian token
+    clouds it maps $N(\mu, \Sigma)$ to $N(0, I)$. The gradient goes through an eigendecomposition
+    and is undefined where $\Sigma$ has repeated eigenvalues.
+    """
+    x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"`x` must have shape [..., n, d]; got shape {x.shape}.")
+    xf = x.astype(_compute_dtype(x.dtype))
+    centred = xf - jnp.mean(xf, axis=-2, keepdims=True)
+    cov = jnp.einsum("...ni,...nj->...ij", centred, centred) / x.shape[-2]
+    evals, evecs = jnp.linalg.eigh(cov)
+    inv_sqrt = jnp.einsum("...ik,...k,...jk->...ij", evecs, 1 / jnp.sqrt(evals + eps), evecs)
+    return (centred @ inv_sqrt).astype(x.dtype)

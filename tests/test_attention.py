@@ -1,0 +1,45 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+
+import eqattn
+
+
+def test_attention_is_the_gradient_of_the_log_normalizer(rng):
+    # attention(q, k) == (1/beta) grad_q sum(log_normalizer(q, k)), per head, with a mask.
+    q = rng.normal(size=(2, 3, 6, 5))
+    k = rng.normal(size=(2, 3, 9, 5))
+    beta = np.array([0.3, 1.0, 4.0])
+    mask = rng.random((2, 1, 6, 9)) > 0.2
+    mask[..., 0] = True
+    grad = jax.grad(lambda q: jnp.sum(eqattn.log_normalizer(q, k, beta=beta, mask=mask)))(q)
+    att = eqattn.attention(q, k, beta=beta, mask=mask)
+    np.testing.assert_allclose(att, grad / beta[:, None, None], rtol=1e-12, atol=1e-13)
+
+
+def test_log_normalizer_matches_scipy(rng):
+    q, k = rng.normal(size=(4, 7, 3)), rng.normal(size=(4, 11, 3))
+    expected = logsumexp(0.5 * np.einsum("bnd,bmd->bnm", q, k), axis=-1)
+    np.testing.assert_allclose(eqattn.log_normalizer(q, k, beta=0.5), expected, rtol=1e-13)
+
+
+def test_attention_matches_softmax_reference(rng):
+    q, k, v = rng.normal(size=(5, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 2))
+    s = 2.0 * q @ k.T
+    w = np.exp(s - logsumexp(s, axis=-1, keepdims=True))
+    np.testing.assert_allclose(eqattn.attention(q, k, v, beta=2.0), w @ v, rtol=1e-13)
+    np.testing.assert_allclose(eqattn.attention(q, k, beta=2.0), w @ k, rtol=1e-13)
+
+
+def test_split_and_merge_heads(rng):
+    x = rng.normal(size=(2, 5, 12))
+    h = eqattn.split_heads(x, 3)
+    assert h.shape == (2, 3, 5, 4)
+    np.testing.assert_array_equal(h[:, 1], x[..., 4:8])
+    np.testing.assert_array_equal(eqattn.merge_heads(h), x)
+    with pytest.raises(ValueError, match="num_heads=5"):
+        eqattn.split_heads(x, 5)
+    with pytest.raises(ValueError, match="heads, n, head_dim"):
+        eqattn.merge_heads(x[0])

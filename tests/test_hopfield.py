@@ -1,0 +1,65 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import logsumexp, softmax
+
+import eqattn
+
+
+def _reference_energy(xi, X, beta):
+    m = X.shape[0]
+    M = np.max(np.linalg.norm(X, axis=-1))
+    return -logsumexp(beta * X @ xi) / beta + 0.5 * xi @ xi + np.log(m) / beta + 0.5 * M**2
+
+
+def test_energy_and_update_match_reference(rng):
+    X, xi = rng.normal(size=(10, 4)), rng.normal(size=4)
+    for beta in (0.1, 1.0, 7.0):
+        np.testing.assert_allclose(
+            eqattn.hopfield_energy(xi, X, beta=beta), _reference_energy(xi, X, beta), rtol=1e-13
+        )
+        np.testing.assert_allclose(
+            eqattn.hopfield_update(xi, X, beta=beta), X.T @ softmax(beta * X @ xi), rtol=1e-13
+        )
+
+
+def test_update_is_a_gradient_step_on_the_energy(rng):
+    # grad E = xi - update(xi): the update is the CCCP / unit gradient step.
+    X, xi = rng.normal(size=(12, 5)), rng.normal(size=(3, 5))
+    grad = jax.grad(lambda s: jnp.sum(eqattn.hopfield_energy(s, X, beta=2.0)))(xi)
+    np.testing.assert_allclose(xi - grad, eqattn.hopfield_update(xi, X, beta=2.0), rtol=1e-12)
+
+
+def test_energy_never_increases(rng):
+    d, m, trials, steps = 16, 40, 200, 8
+    patterns = rng.normal(size=(trials, m, d))
+    state = rng.normal(size=(trials, d)) * rng.uniform(0.1, 3, size=(trials, 1))
+    beta = np.exp(rng.uniform(np.log(0.01), np.log(10), size=trials))
+    energy = jax.jit(lambda s: eqattn.hopfield_energy(s, patterns, beta=beta))
+    update = jax.jit(lambda s: eqattn.hopfield_update(s, patterns, beta=beta))
+    e = energy(state)
+    assert np.all(e >= 0)
+    for _ in range(steps):
+        state = update(state)
+        e_new = energy(state)
+        assert np.all(e_new >= 0)
+        assert np.max(e_new - e) <= 1e-12
+        e = e_new
+
+
+def test_one_step_retrieval(rng):
+    d, m, beta = 64, 1000, 32.0
+    X = rng.normal(size=(m, d))
+    X /= np.linalg.norm(X, axis=-1, keepdims=True)
+    idx = rng.choice(m, size=20, replace=False)
+    # 20% noise: |noise| = 0.2 |x|
+    noise = rng.normal(size=(20, d))
+    noise *= 0.2 / np.linalg.norm(noise, axis=-1, keepdims=True)
+    retrieved = eqattn.hopfield_update(X[idx] + noise, X, beta=beta)
+    assert np.max(np.abs(retrieved - X[idx])) < 1e-6
+
+
+def test_bad_shapes():
+    with pytest.raises(ValueError, match=r"state \(3,\), patterns \(5, 4\)"):
+        eqattn.hopfield_energy(np.ones(3), np.ones((5, 4)))
