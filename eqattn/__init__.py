@@ -17,5 +17,24 @@ from ._measures import (
     GaussianMixture as GaussianMixture,
 )
 from ._renorm import renormalize as renormalize, standardize_tokens as standardize_tokens
+from ._solve import (
+    GMRES as GMRES,
+    AbstractAdjoint as AbstractAdjoint,
+    AbstractFixedPointSolver as AbstractFixedPointSolver,
+    AbstractKrylov as AbstractKrylov,
+    Anderson as Anderson,
+    BiCGStab as BiCGStab,
+    Broyden as Broyden,
+    Equilibrium as Equilibrium,
+    ImplicitAdjoint as ImplicitAdjoint,
+    JacobianFree as JacobianFree,
+    NormalCG as NormalCG,
+    Phantom as Phantom,
+    Picard as Picard,
+    Unrolled as Unrolled,
+    fixed_point as fixed_point,
+    jacobian_frobenius as jacobian_frobenius,
+    spectral_radius as spectral_radius,
+)
 
 __version__ = importlib.metadata.version("eqattn")

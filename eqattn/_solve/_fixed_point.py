@@ -1,0 +1,115 @@
+r"""`fixed_point`: find $z^* = f(z^*, \mathrm{args})$ and differentiate through it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+from jaxtyping import ArrayLike, Int, PyTree
+
+from ._adjoints import AbstractAdjoint, ImplicitAdjoint
+from ._equilibrium import Equilibrium
+from ._solvers import AbstractFixedPointSolver, Anderson
+
+
+def _describe(tree) -> str:
+    return str(jax.tree.map(lambda x: f"{jnp.dtype(x.dtype).name}{list(x.shape)}", tree))
+
+
+def _check_structure(fn, z0, args):
+    for leaf in jax.tree.leaves(z0):
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            raise ValueError(
+                f"`z0` must be a pytree of floating-point arrays; got {_describe(z0)}."
+            )
+    out = jax.eval_shape(fn, z0, args)
+    same = jax.tree.structure(out) == jax.tree.structure(z0) and all(
+        jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b)
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(z0))
+    )
+    if not same:
+        raise ValueError(
+            "`fn(z, args)` must return a pytree with the structure, shapes and dtypes of `z0`; "
+            f"z0 is {_describe(z0)}, fn returned {_describe(out)}."
+        )
+
+
+def fixed_point(
+    fn: Callable[[PyTree, PyTree], PyTree],
+    z0: PyTree[ArrayLike],
+    args: PyTree = None,
+    *,
+    solver: AbstractFixedPointSolver | None = None,
+    adjoint: AbstractAdjoint | None = None,
+    throw: bool = False,
+    max_steps: int | Int[ArrayLike, ""] | None = None,
+) -> Equilibrium:
+    r"""Solve $z^* = f(z^*, \mathrm{args})$ from `z0` and make $z^*$ differentiable.
+
+    The solver stops when $\lVert f(z) - z\rVert_2 \le \mathrm{atol} + \mathrm{rtol}\,\lVert
+    f(z)\rVert_2$, after `max_steps` evaluations of $f$, or when $f$ returns NaN/Inf; it returns the
+    iterate with the lowest residual. Under `jax.vmap` each example stops on its own test and
+    gets its own statistics.
+
+    Gradients with respect to `args` and to arrays that `fn` closes over follow `adjoint` (by
+    default the implicit function theorem). No gradient flows to `z0`: a fixed point does not
+    depend on where the search started, so `z0` can be a warm start (e.g. the previous solution).
+
+    **Arguments:**
+
+    - `fn`: `fn(z, args) -> z'` with `z'` of the structure, shapes and dtypes of `z`.
+    - `z0`: the initial guess, any pytree of floating-point arrays.
+    - `args`: any pytree passed to `fn`.
+    - `solver`: `eqattn.Anderson()` (default), `eqattn.Picard()` or `eqattn.Broyden()`.
+    - `adjoint`: `eqattn.ImplicitAdjoint()` (default), `eqattn.JacobianFree()`,
+      `eqattn.Phantom(steps, damping)` or `eqattn.Unrolled()`.
+    - `throw`: raise a runtime error (inside `jit` too) if the solve does not converge. With
+      `throw=False`, non-convergence is reported in the returned fields.
+    - `max_steps`: a budget of evaluations of $f$ for this call, at most `solver.max_steps`; it
+      may be a traced integer, so changing it does not recompile.
+
+    **Returns:** an [`eqattn.Equilibrium`][].
+    """
+    solver = Anderson() if solver is None else solver
+    adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+    if not isinstance(solver, AbstractFixedPointSolver):
+        raise ValueError(f"`solver` must be an eqattn fixed-point solver; got {solver!r}.")
+    if not isinstance(adjoint, AbstractAdjoint):
+        raise ValueError(f"`adjoint` must be an eqattn adjoint; got {adjoint!r}.")
+    z0 = jax.tree.map(jnp.asarray, z0)
+    _check_structure(fn, z0, args)
+    budget = solver.max_steps if max_steps is None else jnp.minimum(max_steps, solver.max_steps)
+    budget = jnp.asarray(budget, jnp.int32)
+
+    x0, unravel = ravel_pytree(z0)
+    # Arrays that `fn` closes over become leaves of `closed`, so they can be differentiated.
+    closed = eqx.filter_closure_convert(fn, z0, args)
+
+    def flat_fn(x, params):
+        fn_, args_ = params
+        return ravel_pytree(fn_(unravel(x), args_))[0]
+
+    x_star, it = adjoint.run(solver, flat_fn, (closed, args), x0, budget)
+    scale = jnp.where(it.best_scale > 0, it.best_scale, 1)
+    converged = (it.best_residual <= solver.atol + solver.rtol * it.best_scale) & jnp.isfinite(
+        it.best_residual
+    )
+    value = unravel(x_star)
+    if throw:
+        value = eqx.error_if(
+            value,
+            ~converged,
+            "eqattn.fixed_point did not converge: the residual |f(z) - z| stayed above "
+            "atol + rtol * |f(z)| within max_steps, or f returned NaN/Inf. Inspect the "
+            "Equilibrium returned with throw=False.",
+        )
+    return Equilibrium(
+        value=value,
+        steps=it.step,
+        residual=it.best_residual,
+        relative_residual=it.best_residual / scale,
+        converged=converged,
+    )

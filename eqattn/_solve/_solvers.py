@@ -1,0 +1,268 @@
+r"""Fixed-point solvers for $x = f(x)$ on a flat vector $x$.
+
+The iteration loop is ours rather than jaxopt's `FixedPointIteration` / `AndersonAcceleration` /
+`Broyden`: those stop on an absolute, whole-pytree $\lVert x_{k+1} - x_k\rVert$ and return the
+last iterate, whereas eqattn needs the relative test $\lVert f(x) - x\rVert \le \mathrm{atol} +
+\mathrm{rtol}\lVert f(x)\rVert$ (per example under `vmap`), the lowest-residual iterate, a stop on
+NaN/Inf, and a step budget that can change between calls without recompiling. Each solver is an
+`eqx.Module` with `init` / `step`, as in Optimistix; the loop (`iterate`) is shared.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Bool, Float, Int
+
+State = Any
+
+
+class AbstractFixedPointSolver(eqx.Module):
+    """A solver for $x = f(x)$. Concrete solvers carry `rtol`, `atol` and `max_steps`."""
+
+    rtol: eqx.AbstractVar[float]
+    atol: eqx.AbstractVar[float]
+    max_steps: eqx.AbstractVar[int]
+
+    @abc.abstractmethod
+    def init(self, x: Array, fx: Array) -> State:
+        """State after the first evaluation $f(x_0)$."""
+
+    @abc.abstractmethod
+    def step(self, x: Array, fx: Array, state: State) -> tuple[Array, State]:
+        """The next iterate from the current one and its image."""
+
+    def record(self, x: Array, fx: Array, state: State) -> State:
+        """Take note of a newly evaluated pair $(x, f(x))$."""
+        return state
+
+    def _check(self):
+        if not (self.rtol >= 0 and self.atol >= 0) or self.rtol + self.atol == 0:
+            raise ValueError(
+                f"{type(self).__name__}: `rtol` and `atol` must be >= 0 and not both 0; "
+                f"got rtol={self.rtol}, atol={self.atol}."
+            )
+        if int(self.max_steps) < 1:
+            raise ValueError(
+                f"{type(self).__name__}: `max_steps` must be >= 1; got {self.max_steps}."
+            )
+
+
+class Picard(AbstractFixedPointSolver):
+    r"""Damped fixed-point (Picard) iteration $x \leftarrow (1-\lambda)\,x + \lambda f(x)$.
+
+    Converges when $f$ is a contraction. `damping` $\lambda \in (0, 1]$ (1 = plain iteration).
+    """
+
+    rtol: float = 1e-4
+    atol: float = 1e-6
+    max_steps: int = eqx.field(static=True, default=60)
+    damping: float = 1.0
+
+    def __check_init__(self):
+        self._check()
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"Picard: `damping` must be in (0, 1]; got {self.damping}.")
+
+    def init(self, x, fx):
+        return None
+
+    def step(self, x, fx, state):
+        return x + self.damping * (fx - x), state
+
+
+class Anderson(AbstractFixedPointSolver):
+    r"""Anderson acceleration (type II) with a history of `history_size` iterates.
+
+    With residuals $g_i = f(x_i) - x_i$ of the last iterates, find weights $\alpha$ minimizing
+    $\lVert\sum_i \alpha_i g_i\rVert^2 + \mathrm{ridge}\cdot\max_i\lVert g_i\rVert^2\,\lVert\alpha\rVert^2$
+    subject to $\sum_i\alpha_i = 1$, then $x \leftarrow \sum_i \alpha_i\,((1-\lambda)\,x_i + \lambda
+    f(x_i))$ with damping $\lambda$ (D. G. Anderson, 1965; H. F. Walker and P. Ni, 2011). The ridge
+    is relative to the residuals' scale, so it keeps working as they shrink.
+    """
+
+    rtol: float = 1e-4
+    atol: float = 1e-6
+    max_steps: int = eqx.field(static=True, default=60)
+    history_size: int = eqx.field(static=True, default=5)
+    ridge: float = 1e-4
+    damping: float = 1.0
+
+    def __check_init__(self):
+        self._check()
+        if self.history_size < 1:
+            raise ValueError(f"Anderson: `history_size` must be >= 1; got {self.history_size}.")
+        if self.ridge < 0 or not 0 < self.damping <= 1:
+            raise ValueError(
+                f"Anderson: need ridge >= 0 and damping in (0, 1]; got ridge={self.ridge}, "
+                f"damping={self.damping}."
+            )
+
+    def init(self, x, fx):
+        m = self.history_size
+        xs = jnp.zeros((m,) + x.shape, x.dtype).at[0].set(x)
+        fs = jnp.zeros((m,) + x.shape, x.dtype).at[0].set(fx)
+        return xs, fs, jnp.array(1)  # histories and the number of entries written
+
+    def step(self, x, fx, state):
+        xs, fs, count = state
+        m = self.history_size
+        # The current (x, fx) is already in the history (written by init or the last step).
+        valid = jnp.arange(m) < count
+        g = jnp.where(valid[:, None], fs - xs, 0)
+        gram = g @ g.T
+        scale = jnp.max(jnp.diag(gram))
+        ones = valid.astype(x.dtype)
+        # Bordered system [[0, 1^T], [1, H]] [nu; alpha] = [1; 0]; unused slots get alpha = 0.
+        h = gram + (self.ridge * scale + jnp.finfo(x.dtype).tiny) * jnp.eye(m, dtype=x.dtype)
+        h = h + jnp.diag(1 - ones)
+        a = jnp.block([[jnp.zeros((1, 1), x.dtype), ones[None, :]], [ones[:, None], h]])
+        rhs = jnp.zeros(m + 1, x.dtype).at[0].set(1)
+        alpha = jnp.linalg.solve(a, rhs)[1:]
+        x_new = alpha @ (xs + self.damping * (fs - xs))
+        return x_new, (xs, fs, count)
+
+    def record(self, x, fx, state):
+        # ring buffer: overwrite the oldest pair
+        xs, fs, count = state
+        slot = count % self.history_size
+        return xs.at[slot].set(x), fs.at[slot].set(fx), count + 1
+
+
+class Broyden(AbstractFixedPointSolver):
+    r"""Limited-memory ("good") Broyden's method on $g(x) = f(x) - x = 0$, as in deep equilibrium
+    models (S. Bai, J. Z. Kolter, V. Koltun, 2019).
+
+    An approximation $B \approx (\partial g/\partial x)^{-1}$, starting from $-I$, takes steps
+    $x \leftarrow x - \lambda B g(x)$ and is updated by Sherman-Morrison from
+    $s = \Delta x$, $y = \Delta g$: $B \leftarrow B + (s - By)\,s^\top B / (s^\top B y)$. The last
+    `history_size` rank-one terms are kept (oldest overwritten first).
+    """
+
+    rtol: float = 1e-4
+    atol: float = 1e-6
+    max_steps: int = eqx.field(static=True, default=60)
+    history_size: int = eqx.field(static=True, default=20)
+    damping: float = 1.0
+
+    def __check_init__(self):
+        self._check()
+        if self.history_size < 1 or not 0 < self.damping <= 1:
+            raise ValueError(
+                "Broyden: need history_size >= 1 and damping in (0, 1]; got "
+                f"history_size={self.history_size}, damping={self.damping}."
+            )
+
+    def init(self, x, fx):
+        m = self.history_size
+        us = jnp.zeros((m,) + x.shape, x.dtype)
+        vs = jnp.zeros((m,) + x.shape, x.dtype)
+        return us, vs, jnp.array(0), x, fx - x  # low-rank terms, count, previous x and g
+
+    @staticmethod
+    def _apply(us, vs, w):  # B w = -w + U^T (V w)
+        return -w + (vs @ w) @ us
+
+    @staticmethod
+    def _apply_t(us, vs, w):  # B^T w = -w + V^T (U w)
+        return -w + (us @ w) @ vs
+
+    def step(self, x, fx, state):
+        us, vs, count, x_prev, g_prev = state
+        g = fx - x
+        s, y = x - x_prev, g - g_prev
+        b_y = self._apply(us, vs, y)
+        denom = s @ b_y
+        ok = (count > 0) & (jnp.abs(denom) > jnp.finfo(x.dtype).tiny)
+        u = jnp.where(ok, (s - b_y) / jnp.where(ok, denom, 1), 0)
+        v = jnp.where(ok, self._apply_t(us, vs, s), 0)
+        slot = jnp.where(ok, count % self.history_size, 0)
+        us = jnp.where(ok, us.at[slot].set(u), us)
+        vs = jnp.where(ok, vs.at[slot].set(v), vs)
+        x_new = x - self.damping * self._apply(us, vs, g)
+        return x_new, (us, vs, count + 1, x, g)
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+class Iteration(eqx.Module):
+    """The loop's carry."""
+
+    step: Int[Array, ""]
+    x: Array
+    fx: Array
+    state: Any
+    best_x: Array
+    best_residual: Float[Array, ""]
+    best_scale: Float[Array, ""]
+    done: Bool[Array, ""]
+
+
+def _norm(x):
+    return jnp.sqrt(jnp.sum(x * x))
+
+
+def converged(solver: AbstractFixedPointSolver, residual, scale):
+    return residual <= solver.atol + solver.rtol * scale
+
+
+def first(solver, fn, x0) -> Iteration:
+    fx = fn(x0)
+    residual, scale = _norm(fx - x0), _norm(fx)
+    finite = jnp.all(jnp.isfinite(fx))
+    residual = jnp.where(finite, residual, jnp.inf)
+    return Iteration(
+        step=jnp.array(1),
+        x=x0,
+        fx=fx,
+        state=solver.init(x0, fx),
+        best_x=x0,
+        best_residual=residual,
+        best_scale=scale,
+        done=converged(solver, residual, scale) | ~finite,
+    )
+
+
+def advance(solver, fn, it: Iteration) -> Iteration:
+    """One solver step and one evaluation of f; keeps the lowest-residual iterate."""
+    x, state = solver.step(it.x, it.fx, it.state)
+    fx = fn(x)
+    finite = jnp.all(jnp.isfinite(fx)) & jnp.all(jnp.isfinite(x))
+    residual, scale = _norm(fx - x), _norm(fx)
+    residual = jnp.where(finite, residual, jnp.inf)
+    better = residual < it.best_residual
+    return Iteration(
+        step=it.step + 1,
+        x=x,
+        fx=fx,
+        state=solver.record(x, fx, state),
+        best_x=jnp.where(better, x, it.best_x),
+        best_residual=jnp.where(better, residual, it.best_residual),
+        best_scale=jnp.where(better, scale, it.best_scale),
+        done=converged(solver, residual, scale) | ~finite,
+    )
+
+
+def iterate(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
+    """Run to convergence, NaN/Inf, or `budget` evaluations of `fn` (a `lax.while_loop`)."""
+    it = first(solver, fn, x0)
+    return lax.while_loop(
+        lambda it: ~it.done & (it.step < budget), lambda it: advance(solver, fn, it), it
+    )
+
+
+def iterate_unrolled(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
+    """As `iterate`, as a `lax.scan` of `solver.max_steps` guarded steps, so reverse-mode autodiff
+    can go through every step."""
+    it = first(solver, fn, x0)
+
+    def body(it, _):
+        go = ~it.done & (it.step < budget)
+        return lax.cond(go, lambda it: advance(solver, fn, it), lambda it: it, it), None
+
+    return lax.scan(body, it, length=solver.max_steps - 1)[0]

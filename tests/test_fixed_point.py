@@ -1,0 +1,284 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqattn
+
+N, D = 6, 4
+TIGHT = dict(rtol=1e-12, atol=0.0)
+
+
+def _problem(seed=0):
+    """A contractive attention fixed point z = 0.3 attn(z Wq, z Wk, z Wv) + 0.5 x."""
+    rng = np.random.default_rng(seed)
+    weights = tuple(rng.normal(size=(D, D)) * 0.3 / np.sqrt(D) for _ in range(3))
+    x = rng.normal(size=(N, D))
+    return weights + (x,)
+
+
+def _f(z, args):
+    wq, wk, wv, x = args
+    return 0.3 * eqattn.attention(z @ wq, z @ wk, z @ wv) + 0.5 * x
+
+
+def _loss(args, solver, adjoint):
+    eq = eqattn.fixed_point(_f, jnp.zeros((N, D)), args, solver=solver, adjoint=adjoint)
+    return jnp.sum(jnp.sin(eq.value))
+
+
+def _central_difference(fn, args, index, entry, h=1e-6):
+    def shifted(sign):
+        a = list(args)
+        a[index] = a[index].copy()
+        a[index][entry] += sign * h
+        return fn(tuple(a))
+
+    return (shifted(1) - shifted(-1)) / (2 * h)
+
+
+SOLVERS = [eqattn.Picard(**TIGHT), eqattn.Anderson(**TIGHT), eqattn.Broyden(**TIGHT)]
+EXACT_ADJOINTS = [
+    eqattn.ImplicitAdjoint(linear_solver=eqattn.Picard(**TIGHT, max_steps=100)),
+    eqattn.ImplicitAdjoint(linear_solver=eqattn.Anderson(**TIGHT)),
+    eqattn.ImplicitAdjoint(linear_solver=eqattn.Broyden(**TIGHT)),
+    eqattn.ImplicitAdjoint(linear_solver=eqattn.GMRES(**TIGHT)),
+    eqattn.ImplicitAdjoint(linear_solver=eqattn.BiCGStab(**TIGHT)),
+    eqattn.ImplicitAdjoint(linear_solver=eqattn.NormalCG(**TIGHT)),
+    eqattn.Unrolled(),
+]
+
+
+def test_the_problem_is_contractive(getkey):
+    args = _problem()
+    eq = eqattn.fixed_point(_f, jnp.zeros((N, D)), args, solver=eqattn.Picard(**TIGHT))
+    assert eq.converged and 8 <= eq.steps <= 20
+    rho = eqattn.spectral_radius(_f, eq.value, args, key=getkey(), steps=50)
+    jac = jax.jacrev(lambda z: _f(z, args))(eq.value).reshape(N * D, N * D)
+    exact = np.max(np.abs(np.linalg.eigvals(jac)))
+    assert exact < 0.2
+    np.testing.assert_allclose(rho, exact, rtol=1e-3)
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    "adjoint", EXACT_ADJOINTS, ids=lambda a: type(getattr(a, "linear_solver", a)).__name__
+)
+def test_gradient_matches_finite_differences(solver, adjoint):
+    args = _problem()
+    grads = jax.jit(jax.grad(lambda a: _loss(a, solver, adjoint)))(args)
+    loss = jax.jit(lambda a: _loss(a, solver, adjoint))
+    for index, entry in [(0, (1, 2)), (1, (3, 0)), (2, (2, 2)), (3, (4, 1))]:
+        fd = _central_difference(loss, args, index, entry)
+        np.testing.assert_allclose(grads[index][entry], fd, rtol=1e-6, atol=1e-9)
+
+
+def test_unrolled_matches_implicit():
+    args = _problem(1)
+    tight = eqattn.ImplicitAdjoint(linear_solver=eqattn.Anderson(**TIGHT))
+    implicit = jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), tight))(args)
+    unrolled = jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), eqattn.Unrolled()))(args)
+    for a, b in zip(implicit, unrolled):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_phantom_tends_to_the_implicit_gradient():
+    args = _problem(2)
+    solver = eqattn.Anderson(**TIGHT)
+    tight = eqattn.ImplicitAdjoint(linear_solver=eqattn.Anderson(**TIGHT))
+    exact = jax.grad(lambda a: _loss(a, solver, tight))(args)
+
+    def error(adjoint):
+        g = jax.grad(lambda a: _loss(a, solver, adjoint))(args)
+        return sum(float(jnp.linalg.norm(a - b)) for a, b in zip(g, exact))
+
+    errors = [error(eqattn.Phantom(steps=k)) for k in (1, 2, 4, 8)]
+    assert all(b < a * 0.5 for a, b in zip(errors, errors[1:])), errors
+    assert errors[-1] < 1e-6
+    # JacobianFree is the one-step phantom gradient: biased, but correlated with the exact one.
+    jfb = error(eqattn.JacobianFree())
+    np.testing.assert_allclose(jfb, errors[0], rtol=1e-10)
+    assert 0 < jfb < sum(float(jnp.linalg.norm(g)) for g in exact)
+
+
+def test_forward_value_does_not_depend_on_the_adjoint():
+    args = _problem()
+    values = [
+        eqattn.fixed_point(_f, jnp.zeros((N, D)), args, adjoint=adj).value
+        for adj in (
+            eqattn.ImplicitAdjoint(),
+            eqattn.Phantom(3),
+            eqattn.JacobianFree(),
+            eqattn.Unrolled(),
+        )
+    ]
+    for v in values[1:]:
+        np.testing.assert_allclose(v, values[0], rtol=1e-12)
+
+
+def _tanh_layer(z, args):
+    w, x = args
+    return jnp.tanh(z @ w + x)
+
+
+@pytest.mark.parametrize(
+    "adjoint",
+    [eqattn.Phantom(steps=40), eqattn.JacobianFree(), eqattn.Unrolled()],
+    ids=lambda a: type(a).__name__,
+)
+def test_jvp_where_supported(adjoint):
+    # Forward mode works for these adjoints (when f supports it; eqattn's attention core is
+    # reverse mode only, hence a tanh layer here).
+    rng = np.random.default_rng(3)
+    w, x = rng.normal(size=(D, D)) * 0.2, rng.normal(size=(N, D))
+    tw = rng.normal(size=(D, D))
+
+    def solve(w):
+        return eqattn.fixed_point(
+            _tanh_layer, jnp.zeros((N, D)), (w, x), solver=eqattn.Anderson(**TIGHT), adjoint=adjoint
+        ).value
+
+    _, tangent = jax.jvp(solve, (w,), (tw,))
+    _, vjp = jax.vjp(solve, w)
+    # <J t, c> == <t, J^T c>
+    c = rng.normal(size=(N, D))
+    np.testing.assert_allclose(jnp.vdot(tangent, c), jnp.vdot(tw, vjp(c)[0]), rtol=1e-8)
+
+
+def test_vmap_gives_per_example_statistics():
+    args = _problem()
+    xs = np.stack([args[3] * s for s in (0.0, 1.0, 3.0)])
+
+    def solve(x):
+        return eqattn.fixed_point(
+            _f, jnp.zeros((N, D)), args[:3] + (x,), solver=eqattn.Picard(**TIGHT)
+        )
+
+    eqs = jax.jit(jax.vmap(solve))(xs)
+    assert eqs.steps.shape == (3,) and eqs.converged.shape == (3,)
+    assert np.all(eqs.converged)
+    assert len(set(np.asarray(eqs.steps).tolist())) > 1  # each example stopped on its own
+    for i in range(3):
+        single = solve(xs[i])
+        assert int(single.steps) == int(eqs.steps[i])
+        np.testing.assert_allclose(single.value, eqs.value[i], rtol=1e-12)
+
+
+def test_pytree_state_and_closed_over_parameters():
+    rng = np.random.default_rng(4)
+    w1, w2 = rng.normal(size=(3, 3)) * 0.3, rng.normal(size=(2, 2)) * 0.3
+    x = {"a": rng.normal(size=3), "b": rng.normal(size=2)}
+
+    def loss(w1, w2):
+        def f(z, _):  # closes over w1, w2 and x
+            return {
+                "a": jnp.tanh(w1 @ z["a"] + x["a"]),
+                "b": jnp.tanh(w2 @ z["b"] + jnp.sum(z["a"]) * x["b"]),
+            }
+
+        z0 = {"a": jnp.zeros(3), "b": jnp.zeros(2)}
+        eq = eqattn.fixed_point(f, z0, solver=eqattn.Anderson(**TIGHT))
+        return jnp.sum(eq.value["a"] ** 2) + jnp.sum(jnp.cos(eq.value["b"]))
+
+    g = jax.grad(loss, argnums=(0, 1))(w1, w2)
+    h = 1e-6
+    for i, w in enumerate((w1, w2)):
+        e = np.zeros_like(w)
+        e[1, 0] = h
+        args_p = [w1, w2]
+        args_m = [w1, w2]
+        args_p[i], args_m[i] = w + e, w - e
+        fd = (loss(*args_p) - loss(*args_m)) / (2 * h)
+        np.testing.assert_allclose(g[i][1, 0], fd, rtol=1e-6)
+
+
+def test_non_contractive_is_reported():
+    f = lambda z, _: 2 * z + 1  # noqa: E731
+    eq = eqattn.fixed_point(f, jnp.zeros(3), solver=eqattn.Picard(max_steps=10))
+    assert not eq.converged
+    assert int(eq.steps) == 10
+    # the lowest-residual iterate (here the start, |f(0) - 0| = sqrt(3)) is returned
+    np.testing.assert_allclose(eq.value, 0.0)
+    np.testing.assert_allclose(eq.residual, np.sqrt(3))
+    # (Anderson would solve this linear map exactly, so use Picard.)
+    solve = eqx.filter_jit(lambda z: eqattn.fixed_point(f, z, solver=eqattn.Picard(), throw=True))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge"):
+        jax.block_until_ready(solve(jnp.zeros(3)).value)
+    # under plain jax.jit the same error comes wrapped in JAX's runtime error
+    with pytest.raises(Exception, match="did not converge"):
+        jax.block_until_ready(jax.jit(solve)(jnp.zeros(3)).value)
+
+
+def test_nan_stops_the_solve():
+    f = lambda z, _: jnp.log(z - 1.0)  # NaN from the first step  # noqa: E731
+    eq = eqattn.fixed_point(f, jnp.zeros(2), solver=eqattn.Anderson())
+    assert not eq.converged and int(eq.steps) == 1 and np.isinf(eq.residual)
+    assert np.all(np.isfinite(eq.value))
+    # f fine at z0 but NaN further on: stop there, keep the best finite iterate
+    g = lambda z, _: jnp.where(z > 0.5, jnp.nan, z + 0.3)  # noqa: E731
+    eq = eqattn.fixed_point(g, jnp.zeros(2), solver=eqattn.Picard())
+    assert not eq.converged and int(eq.steps) == 3 and np.all(np.isfinite(eq.value))
+
+
+def test_backward_solve_failure_is_reported():
+    args = _problem()
+    bad = eqattn.ImplicitAdjoint(linear_solver=eqattn.Picard(max_steps=2, **TIGHT))
+    grad = eqx.filter_jit(jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), bad)))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="backward solve"):
+        jax.block_until_ready(grad(args))
+    lenient = eqattn.ImplicitAdjoint(linear_solver=eqattn.Picard(max_steps=2, **TIGHT), throw=False)
+    g = jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), lenient))(args)
+    assert all(np.all(np.isfinite(x)) for x in g)
+    for krylov in (
+        eqattn.GMRES(max_steps=1, restart=1, **TIGHT),
+        eqattn.BiCGStab(max_steps=1, **TIGHT),
+    ):
+        adjoint = eqattn.ImplicitAdjoint(linear_solver=krylov)
+        grad = eqx.filter_jit(jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), adjoint)))
+        with pytest.raises(eqx.EquinoxRuntimeError, match="backward solve"):
+            jax.block_until_ready(grad(args))
+
+
+def test_warm_start_and_step_budget_without_recompiling():
+    args = _problem()
+    traces = []
+
+    @jax.jit
+    def solve(z0, budget):
+        traces.append(None)
+        return eqattn.fixed_point(_f, z0, args, solver=eqattn.Picard(**TIGHT), max_steps=budget)
+
+    z0 = jnp.zeros((N, D))
+    few, full = solve(z0, 3), solve(z0, 60)
+    assert int(few.steps) == 3 and not few.converged
+    assert full.converged and int(full.steps) > 3
+    warm = solve(full.value, 60)
+    assert warm.converged and int(warm.steps) == 1
+    assert len(traces) == 1
+
+
+def test_jacobian_frobenius_is_unbiased(getkey):
+    args = _problem()
+    z = jnp.asarray(np.random.default_rng(5).normal(size=(N, D)))
+    exact = np.sum(np.asarray(jax.jacrev(lambda z: _f(z, args))(z)) ** 2)
+    est = eqattn.jacobian_frobenius(_f, z, args, key=getkey(), samples=4000)
+    np.testing.assert_allclose(est, exact, rtol=0.05)
+    # differentiable with respect to the parameters
+    g = jax.grad(lambda a: eqattn.jacobian_frobenius(_f, z, a, key=jax.random.key(0)))(args)
+    assert all(np.all(np.isfinite(x)) for x in g)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="same structure|structure, shapes and dtypes"):
+        eqattn.fixed_point(lambda z, _: z[:2], jnp.zeros(3))
+    with pytest.raises(ValueError, match="floating-point"):
+        eqattn.fixed_point(lambda z, _: z, jnp.zeros(3, int))
+    with pytest.raises(ValueError, match="damping"):
+        eqattn.Picard(damping=0.0)
+    with pytest.raises(ValueError, match="history_size"):
+        eqattn.Anderson(history_size=0)
+    with pytest.raises(ValueError, match="rtol"):
+        eqattn.Broyden(rtol=0.0, atol=0.0)
+    with pytest.raises(ValueError, match="`solver`"):
+        eqattn.fixed_point(lambda z, _: z, jnp.zeros(3), solver="anderson")
