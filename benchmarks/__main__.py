@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ._harness import device_description, write_results
 
-SUITES = ("core",)
+SUITES = ("core", "deq")
 
 
 def main(argv: list[str] | None = None) -> None:

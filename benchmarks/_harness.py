@@ -20,19 +20,46 @@ import jax
 import numpy as np
 
 
-def time_jitted(fn, *args, repeats: int = 10) -> dict[str, Any]:
-    """Compile `jax.jit(fn)` for `args`, then time it. Returns seconds (median and all repeats)."""
-    args = jax.device_put(args)
+def _compile(fn, args):
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0
     jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
+    return compiled, compile_s
+
+
+def _once(compiled, args) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return time.perf_counter() - t0
+
+
+def time_jitted(fn, *args, repeats: int = 10) -> dict[str, Any]:
+    """Compile `jax.jit(fn)` for `args`, then time it. Returns seconds (median and all repeats)."""
+    args = jax.device_put(args)
+    compiled, compile_s = _compile(fn, args)
+    times = [_once(compiled, args) for _ in range(repeats)]
     return {"median_s": statistics.median(times), "times_s": times, "compile_s": compile_s}
+
+
+def time_interleaved(cases: dict[str, tuple], repeats: int = 10) -> dict[str, dict[str, Any]]:
+    """Time several `name: (fn, *args)` cases round-robin: each round calls every case once.
+
+    Ratios between cases then compare runs made at the same moments, so slow drifts of the
+    machine (frequency, neighbours) do not bias them. Returns `time_jitted`'s dict per case.
+    """
+    compiled = {}
+    for name, (fn, *args) in cases.items():
+        args = jax.device_put(tuple(args))
+        compiled[name] = (*_compile(fn, args), args)
+    times = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, (c, _, args) in compiled.items():
+            times[name].append(_once(c, args))
+    return {
+        name: {"median_s": statistics.median(t), "times_s": t, "compile_s": compiled[name][1]}
+        for name, t in times.items()
+    }
 
 
 def matmul_rate(size: int = 2048, repeats: int = 10) -> float:

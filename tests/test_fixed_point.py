@@ -178,7 +178,8 @@ def test_pytree_state_and_closed_over_parameters():
             }
 
         z0 = {"a": jnp.zeros(3), "b": jnp.zeros(2)}
-        eq = eqattn.fixed_point(f, z0, solver=eqattn.Anderson(**TIGHT))
+        tight = eqattn.ImplicitAdjoint(linear_solver=eqattn.Anderson(**TIGHT))
+        eq = eqattn.fixed_point(f, z0, solver=eqattn.Anderson(**TIGHT), adjoint=tight)
         return jnp.sum(eq.value["a"] ** 2) + jnp.sum(jnp.cos(eq.value["b"]))
 
     g = jax.grad(loss, argnums=(0, 1))(w1, w2)

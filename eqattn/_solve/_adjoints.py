@@ -47,16 +47,17 @@ class ImplicitAdjoint(AbstractAdjoint):
 
     **Arguments:**
 
-    - `linear_solver`: a fixed-point solver applied to $u \mapsto g + J^\top u$ (`Anderson()`,
-      the default; `Picard()` is the Neumann series; `Broyden()`), or a Krylov method on
-      $(I - J^\top)u = g$: `GMRES()`, `BiCGStab()`, `NormalCG()`. Its `rtol`, `atol` and
-      `max_steps` are the backward solve's.
+    - `linear_solver`: a fixed-point solver applied to $u \mapsto g + J^\top u$ (default
+      `Anderson(rtol=1e-5, atol=0, max_steps=100)`; `Picard()` is the Neumann series;
+      `Broyden()`), or a Krylov method on $(I - J^\top)u = g$: `GMRES()`, `BiCGStab()`,
+      `NormalCG()`. Its `rtol`, `atol` and `max_steps` are the backward solve's; tighten `rtol`
+      for float64 work that needs more than ~5 correct digits.
     - `throw`: if the backward solve does not reach its tolerance, raise a runtime error (also
       inside `jit`). With `throw=False` the best-effort gradient is returned as is.
     """
 
     linear_solver: AbstractFixedPointSolver | AbstractKrylov = eqx.field(
-        default_factory=lambda: Anderson(rtol=1e-6, atol=1e-10, max_steps=100)
+        default_factory=lambda: Anderson(rtol=1e-5, atol=0.0, max_steps=100)
     )
     throw: bool = eqx.field(static=True, default=True)
 

@@ -104,33 +104,38 @@ class Anderson(AbstractFixedPointSolver):
 
     def init(self, x, fx):
         m = self.history_size
-        xs = jnp.zeros((m,) + x.shape, x.dtype).at[0].set(x)
-        fs = jnp.zeros((m,) + x.shape, x.dtype).at[0].set(fx)
-        return xs, fs, jnp.array(1)  # histories and the number of entries written
+        xs = jnp.zeros((m,) + x.shape, x.dtype)
+        gs = jnp.zeros((m,) + x.shape, x.dtype)
+        gram = jnp.zeros((m, m), x.dtype)
+        return self.record(x, fx, (xs, gs, gram, jnp.array(0)))
 
     def step(self, x, fx, state):
-        xs, fs, count = state
+        # The current pair (x, f(x)) is already in the history (written by `record`).
+        xs, gs, gram, count = state
         m = self.history_size
-        # The current (x, fx) is already in the history (written by init or the last step).
         valid = jnp.arange(m) < count
-        g = jnp.where(valid[:, None], fs - xs, 0)
-        gram = g @ g.T
-        scale = jnp.max(jnp.diag(gram))
         ones = valid.astype(x.dtype)
+        scale = jnp.max(jnp.diag(gram))
         # Bordered system [[0, 1^T], [1, H]] [nu; alpha] = [1; 0]; unused slots get alpha = 0.
-        h = gram + (self.ridge * scale + jnp.finfo(x.dtype).tiny) * jnp.eye(m, dtype=x.dtype)
+        h = gram * (ones[:, None] * ones[None, :])
+        h = h + (self.ridge * scale + jnp.finfo(x.dtype).tiny) * jnp.eye(m, dtype=x.dtype)
         h = h + jnp.diag(1 - ones)
         a = jnp.block([[jnp.zeros((1, 1), x.dtype), ones[None, :]], [ones[:, None], h]])
         rhs = jnp.zeros(m + 1, x.dtype).at[0].set(1)
         alpha = jnp.linalg.solve(a, rhs)[1:]
-        x_new = alpha @ (xs + self.damping * (fs - xs))
-        return x_new, (xs, fs, count)
+        return alpha @ xs + self.damping * (alpha @ gs), state
 
     def record(self, x, fx, state):
-        # ring buffer: overwrite the oldest pair
-        xs, fs, count = state
+        # Ring buffer of iterates and residuals g = f(x) - x; the Gram matrix of the residuals is
+        # updated by one row, so a step reads the history once (this loop is memory-bound when f
+        # is a vector-Jacobian product with a large working set).
+        xs, gs, gram, count = state
         slot = count % self.history_size
-        return xs.at[slot].set(x), fs.at[slot].set(fx), count + 1
+        g = fx - x
+        xs, gs = xs.at[slot].set(x), gs.at[slot].set(g)
+        dots = gs @ g
+        gram = gram.at[slot, :].set(dots).at[:, slot].set(dots)
+        return xs, gs, gram, count + 1
 
 
 class Broyden(AbstractFixedPointSolver):
@@ -177,14 +182,16 @@ class Broyden(AbstractFixedPointSolver):
         s, y = x - x_prev, g - g_prev
         b_y = self._apply(us, vs, y)
         denom = s @ b_y
-        ok = (count > 0) & (jnp.abs(denom) > jnp.finfo(x.dtype).tiny)
+        ok = jnp.any(s != 0) & (jnp.abs(denom) > jnp.finfo(x.dtype).tiny)
         u = jnp.where(ok, (s - b_y) / jnp.where(ok, denom, 1), 0)
         v = jnp.where(ok, self._apply_t(us, vs, s), 0)
-        slot = jnp.where(ok, count % self.history_size, 0)
-        us = jnp.where(ok, us.at[slot].set(u), us)
-        vs = jnp.where(ok, vs.at[slot].set(v), vs)
+        # Write one row (O(n)); a skipped update rewrites the row that is there.
+        slot = count % self.history_size
+        us = us.at[slot].set(jnp.where(ok, u, us[slot]))
+        vs = vs.at[slot].set(jnp.where(ok, v, vs[slot]))
+        count = count + ok.astype(count.dtype)
         x_new = x - self.damping * self._apply(us, vs, g)
-        return x_new, (us, vs, count + 1, x, g)
+        return x_new, (us, vs, count, x, g)
 
 
 # --- the loop ------------------------------------------------------------------------------------
