@@ -7,7 +7,8 @@ implementation's native layout: `[batch, heads, n, d]` for eqattn and the naive 
 
 FLOPs count the matmuls only: 4 n m d per head forward, 10 n m d forward+backward (the usual
 attention accounting; eqattn's recomputation in the backward pass is not counted). The fraction is
-of a large float32 matmul's rate measured in the same run.
+of a large float32 matmul's rate measured in the same run. The implementations are timed
+round-robin (one call of each per round), so their ratios compare calls made at the same moments.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 
 import eqattn
 
-from ._harness import matmul_rate, print_table, time_jitted
+from ._harness import matmul_rate, print_table, time_interleaved
 
 HEADS, DIM = 8, 64
 
@@ -60,25 +61,27 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         keys = jax.random.split(jax.random.key(n), 4)
         q, k, v, c = (jax.random.normal(key, (1, HEADS, n, DIM), jnp.float32) for key in keys)
         flops = {"forward": 4 * n * n * DIM * HEADS, "forward+backward": 10 * n * n * DIM * HEADS}
-        base = {}
+        cases = {}
         for name, fn, transpose in _implementations(scale):
             args = tuple(jnp.swapaxes(x, 1, 2) if transpose else x for x in (q, k, v, c))
-            for mode, f, a in (("forward", fn, args[:3]), ("forward+backward", _grad(fn), args)):
-                t = time_jitted(f, *a, repeats=repeats)
-                base.setdefault(mode, t["median_s"])
-                rows.append(
-                    {
-                        "n": n,
-                        "mode": mode,
-                        "impl": name,
-                        "ms": 1e3 * t["median_s"],
-                        "ratio_to_xla": t["median_s"] / base[mode],
-                        "gflops": flops[mode] / t["median_s"] / 1e9,
-                        "frac_matmul": flops[mode] / t["median_s"] / rate,
-                        "compile_s": t["compile_s"],
-                        "times_s": t["times_s"],
-                    }
-                )
+            cases[(name, "forward")] = (fn, *args[:3])
+            cases[(name, "forward+backward")] = (_grad(fn), *args)
+        timings = time_interleaved(cases, repeats=repeats)
+        for (name, mode), t in timings.items():
+            base = timings[("xla", mode)]["median_s"]
+            rows.append(
+                {
+                    "n": n,
+                    "mode": mode,
+                    "impl": name,
+                    "ms": 1e3 * t["median_s"],
+                    "ratio_to_xla": t["median_s"] / base,
+                    "gflops": flops[mode] / t["median_s"] / 1e9,
+                    "frac_matmul": flops[mode] / t["median_s"] / rate,
+                    "compile_s": t["compile_s"],
+                    "times_s": t["times_s"],
+                }
+            )
     print(f"matmul rate: {rate / 1e9:.0f} GFLOP/s (float32)")
     print_table(
         rows,

@@ -259,6 +259,26 @@ def test_warm_start_and_step_budget_without_recompiling():
     assert len(traces) == 1
 
 
+@pytest.mark.parametrize(
+    "adjoint",
+    [eqattn.ImplicitAdjoint(), eqattn.Unrolled(), eqattn.Phantom(3)],
+    ids=lambda a: type(a).__name__,
+)
+def test_z0_computed_from_the_parameters_gets_no_gradient(adjoint):
+    # z* does not depend on z0, so a z0 built from the parameters adds nothing to the gradient.
+    args = _problem()
+
+    def loss(args, start):
+        z0 = start(args)
+        eq = eqattn.fixed_point(_f, z0, args, solver=eqattn.Anderson(**TIGHT), adjoint=adjoint)
+        return jnp.sum(jnp.sin(eq.value))
+
+    from_params = jax.grad(loss)(args, lambda a: a[3] @ a[0])
+    from_zeros = jax.grad(loss)(args, lambda a: jnp.zeros((N, D)))
+    for a, b in zip(from_params, from_zeros):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
+
+
 def test_jacobian_frobenius_is_unbiased(getkey):
     args = _problem()
     z = jnp.asarray(np.random.default_rng(5).normal(size=(N, D)))

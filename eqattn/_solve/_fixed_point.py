@@ -85,6 +85,9 @@ def fixed_point(
     budget = jnp.asarray(budget, jnp.int32)
 
     x0, unravel = ravel_pytree(z0)
+    # A fixed point does not depend on where the search starts: no gradient flows to z0 (also
+    # when z0 is computed from the parameters, e.g. a warm start or the input itself).
+    x0 = jax.lax.stop_gradient(x0)
     # Arrays that `fn` closes over become leaves of `closed`, so they can be differentiated.
     closed = eqx.filter_closure_convert(fn, z0, args)
 

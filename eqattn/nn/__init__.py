@@ -1,0 +1,11 @@
+"""Equinox layers at equilibrium. Each acts on one example; `jax.vmap` over a batch."""
+
+from ._deq import DEQBlock as DEQBlock, DEQTransformer as DEQTransformer
+from ._energy import EnergyAttention as EnergyAttention
+from ._hopfield import (
+    Hopfield as Hopfield,
+    HopfieldLayer as HopfieldLayer,
+    HopfieldPooling as HopfieldPooling,
+)
+from ._implicit import ImplicitAttention as ImplicitAttention
+from ._multihead import MultiHeadAttention as MultiHeadAttention

@@ -1,0 +1,276 @@
+r"""A weight-tied DEQ transformer block and a model around it.
+
+Post-norm (default): $u = \mathrm{RN}(z + \mathrm{MHA}(z) + Ux)$, $z' = \mathrm{RN}(u + \mathrm{MLP}(u))$.
+Pre-norm (`norm_first=True`): $u = z + \mathrm{MHA}(\mathrm{RN}(z)) + Ux$,
+$z' = \mathrm{RN}(u + \mathrm{MLP}(\mathrm{RN}(u)))$ (the last RN keeps the map bounded).
+The block's output is the fixed point $z^* = z'(z^*)$ (S. Bai, J. Z. Kolter, V. Koltun, "Deep
+Equilibrium Models", 2019).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from .._solve import (
+    AbstractAdjoint,
+    AbstractFixedPointSolver,
+    Anderson,
+    ImplicitAdjoint,
+    fixed_point,
+)
+from .._solve._equilibrium import Equilibrium
+from ._implicit import Norm, apply_norm, check_norm
+from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
+
+
+def _dropout_mask(key, rate, shape, dtype):
+    keep = jax.random.bernoulli(key, 1 - rate, shape)
+    return keep.astype(dtype) / (1 - rate)
+
+
+class DEQBlock(eqx.Module):
+    """Weight-tied transformer block (attention + MLP, input injection) solved to equilibrium.
+
+    **Arguments:** `dim`, `num_heads`, `key`; `mlp_ratio` (hidden width of the MLP / dim);
+    `norm_first` (pre-norm instead of post-norm); `norm` (`"layer"` or `"tokens"`); `dropout`
+    (variational: one mask per solve, the same at every iteration); `solver`, `adjoint`, `throw`
+    as in [`eqattn.fixed_point`][].
+    """
+
+    attention: MultiHeadAttention
+    inject: eqx.nn.Linear
+    inject_norm: eqx.nn.LayerNorm
+    mlp_in: eqx.nn.Linear
+    mlp_out: eqx.nn.Linear
+    solver: AbstractFixedPointSolver
+    adjoint: AbstractAdjoint
+    dropout: float = eqx.field(static=True)
+    norm_first: bool = eqx.field(static=True)
+    norm: str = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+    dim: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        key: PRNGKeyArray,
+        mlp_ratio: float = 2.0,
+        norm_first: bool = False,
+        norm: Norm = "layer",
+        dropout: float = 0.0,
+        solver: AbstractFixedPointSolver | None = None,
+        adjoint: AbstractAdjoint | None = None,
+        throw: bool = False,
+        dtype=None,
+    ):
+        check_dims(dim, num_heads)
+        check_norm(norm)
+        if not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must be in [0, 1); got {dropout}.")
+        hidden = max(1, int(round(mlp_ratio * dim)))
+        ka, ki, k1, k2 = jax.random.split(key, 4)
+        self.attention = MultiHeadAttention(dim, num_heads, key=ka, dtype=dtype)
+        self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
+        # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
+        self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
+        self.mlp_in = eqx.nn.Linear(dim, hidden, key=k1, dtype=dtype)
+        self.mlp_out = eqx.nn.Linear(hidden, dim, key=k2, dtype=dtype)
+        self.solver = Anderson(rtol=1e-3, max_steps=30) if solver is None else solver
+        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.dropout = dropout
+        self.norm_first = norm_first
+        self.norm = norm
+        self.throw = throw
+        self.dim = dim
+
+    def injection(self, x: Float[Array, "n dim"]) -> Float[Array, "n dim"]:
+        """The input injection $Ux$: a linear map then a layer norm (with learned affine)."""
+        return jax.vmap(lambda t: self.inject_norm(self.inject(t)))(x)
+
+    def step(self, z, injection, mask=None, drop=None):
+        """One application of the block's map (see the module docstring)."""
+        rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
+        drop_attn, drop_mlp = (None, None) if drop is None else drop
+        a_in = rn(z) if self.norm_first else z
+        a = self.attention(a_in, a_in, mask=mask)
+        a = a if drop_attn is None else a * drop_attn
+        u = z + a + injection
+        u = u if self.norm_first else rn(u)
+        h = jax.nn.gelu(jax.vmap(self.mlp_in)(rn(u) if self.norm_first else u))
+        h = h if drop_mlp is None else h * drop_mlp
+        return rn(u + jax.vmap(self.mlp_out)(h))
+
+    def equilibrium(
+        self,
+        x: Float[Array, "n dim"],
+        *,
+        mask: Bool[Array, "n n"] | None = None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+        z0: Float[Array, "n dim"] | None = None,
+        max_steps: int | None = None,
+    ) -> Equilibrium:
+        """Solve for $z^*$. Dropout (when `dropout > 0`, `key` given and not `inference`) draws
+        its masks once here and keeps them for every iteration of this solve."""
+        check_tokens(x, self.dim)
+        n = x.shape[0]
+        mask = check_mask(mask, n, n)
+        injection = self.injection(x)
+        drop = None
+        if self.dropout > 0 and not inference:
+            if key is None:
+                raise ValueError("DEQBlock with dropout > 0 needs `key` (or inference=True).")
+            k1, k2 = jax.random.split(key)
+            drop = (
+                _dropout_mask(k1, self.dropout, (n, self.dim), injection.dtype),
+                _dropout_mask(k2, self.dropout, (n, self.mlp_in.out_features), injection.dtype),
+            )
+        z0 = jnp.zeros_like(injection) if z0 is None else z0
+        return fixed_point(
+            lambda z, args: args[0].step(z, args[1], mask, args[2]),
+            z0,
+            (self, injection, drop),
+            solver=self.solver,
+            adjoint=self.adjoint,
+            throw=self.throw,
+            max_steps=max_steps,
+        )
+
+    def __call__(self, x, *, mask=None, key=None, inference=False, z0=None, max_steps=None):
+        return self.equilibrium(
+            x, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps
+        ).value
+
+
+Pooling = Literal["mean", "cls", "none"]
+
+
+class DEQTransformer(eqx.Module):
+    """Embedding -> position embedding -> one implicit [`eqattn.nn.DEQBlock`][] -> pooling -> head.
+
+    **Arguments:**
+
+    - `num_outputs`: classes (or outputs per token with `pooling="none"`).
+    - `dim`, `num_heads`, `key`.
+    - `vocab_size` for integer tokens `[n]`, or `in_features` for real-valued tokens
+      `[n, in_features]` (e.g. image rows or patches); exactly one of the two.
+    - `max_len`: the most tokens an input may have (learned position embeddings).
+    - `pooling`: `"mean"` (masked mean over tokens), `"cls"` (a learned summary token) or
+      `"none"` (one output per token, for token tasks).
+    - Every other keyword goes to [`eqattn.nn.DEQBlock`][] (`solver`, `adjoint`, `dropout`, ...).
+
+    `model(x, *, padding_mask=None, key=None, inference=False)` returns logits; `padding_mask [n]`
+    is `True` for real tokens. `model.forward(x, ...)` also returns the block's `Equilibrium`.
+    """
+
+    embed: eqx.nn.Embedding | eqx.nn.Linear
+    positions: Float[Array, "max_len dim"]
+    cls_token: Float[Array, " dim"] | None
+    block: DEQBlock
+    final_norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+    pooling: str = eqx.field(static=True)
+    max_len: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        num_outputs: int,
+        dim: int,
+        num_heads: int,
+        *,
+        key: PRNGKeyArray,
+        vocab_size: int | None = None,
+        in_features: int | None = None,
+        max_len: int = 512,
+        pooling: Pooling = "mean",
+        dtype=None,
+        **block_kwargs,
+    ):
+        if (vocab_size is None) == (in_features is None):
+            raise ValueError("give exactly one of `vocab_size` (integer tokens) and `in_features`.")
+        if pooling not in ("mean", "cls", "none"):
+            raise ValueError(f"`pooling` must be 'mean', 'cls' or 'none'; got {pooling!r}.")
+        ke, kp, kc, kb, kh = jax.random.split(key, 5)
+        if vocab_size is not None:
+            self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke, dtype=dtype)
+        else:
+            self.embed = eqx.nn.Linear(in_features, dim, key=ke, dtype=dtype)
+        self.positions = 0.02 * jax.random.normal(
+            kp, (max_len + 1, dim), dtype or jnp.result_type(float)
+        )
+        self.cls_token = (
+            0.02 * jax.random.normal(kc, (dim,), dtype or jnp.result_type(float))
+            if pooling == "cls"
+            else None
+        )
+        self.block = DEQBlock(dim, num_heads, key=kb, dtype=dtype, **block_kwargs)
+        self.final_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
+        self.head = eqx.nn.Linear(dim, num_outputs, key=kh, dtype=dtype)
+        self.pooling = pooling
+        self.max_len = max_len
+
+    def _tokens(self, x):
+        if isinstance(self.embed, eqx.nn.Embedding):
+            if jnp.ndim(x) != 1 or not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+                raise ValueError(
+                    f"`x` must be integer tokens of shape [n]; got {jnp.result_type(x)}{list(jnp.shape(x))}."
+                )
+        elif jnp.ndim(x) != 2 or x.shape[-1] != self.embed.in_features:
+            raise ValueError(
+                f"`x` must have shape [n, {self.embed.in_features}]; got shape {jnp.shape(x)}."
+            )
+        if x.shape[0] > self.max_len:
+            raise ValueError(
+                f"`x` has {x.shape[0]} tokens; this model takes at most {self.max_len}."
+            )
+        return jax.vmap(self.embed)(x)
+
+    def forward(
+        self,
+        x: Int[Array, " n"] | Float[Array, "n f"],
+        *,
+        padding_mask: Bool[Array, " n"] | None = None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+        max_steps: int | None = None,
+    ) -> tuple[Array, Equilibrium]:
+        """Logits and the block's `Equilibrium`."""
+        h = self._tokens(x)
+        n = h.shape[0]
+        if padding_mask is not None:
+            padding_mask = jnp.asarray(padding_mask)
+            if padding_mask.shape != (n,) or padding_mask.dtype != jnp.bool_:
+                raise ValueError(
+                    f"`padding_mask` must be boolean of shape [{n}]; got "
+                    f"{padding_mask.dtype}{list(padding_mask.shape)}."
+                )
+        if self.cls_token is not None:
+            h = jnp.concatenate([self.cls_token[None], h])
+            if padding_mask is not None:
+                padding_mask = jnp.concatenate([jnp.ones(1, bool), padding_mask])
+        h = h + self.positions[: h.shape[0]]
+        attn_mask = None if padding_mask is None else padding_mask[None, :]
+        eq = self.block.equilibrium(
+            h, mask=attn_mask, key=key, inference=inference, max_steps=max_steps
+        )
+        z = jax.vmap(self.final_norm)(eq.value)
+        if self.pooling == "cls":
+            z = z[0]
+        elif self.pooling == "mean":
+            w = jnp.ones(z.shape[0]) if padding_mask is None else padding_mask.astype(z.dtype)
+            z = (w @ z) / jnp.maximum(jnp.sum(w), 1)
+        else:
+            return jax.vmap(self.head)(z), eq
+        return self.head(z), eq
+
+    def __call__(self, x, *, padding_mask=None, key=None, inference=False, max_steps=None):
+        return self.forward(
+            x, padding_mask=padding_mask, key=key, inference=inference, max_steps=max_steps
+        )[0]

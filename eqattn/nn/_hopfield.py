@@ -1,0 +1,247 @@
+r"""Modern Hopfield layers solved to equilibrium (H. Ramsauer et al., "Hopfield Networks is All
+You Need", arXiv:2008.02217, 2020), in the three roles of the widely used PyTorch layers.
+
+In each head, projected state patterns $\xi_0 = W_q s$ and stored patterns $K = W_k y$ define the
+energy with a proximal input-injection term
+
+$$E(\xi) = E_\beta(\xi; K) + \tfrac{\alpha}{2}\lVert\xi - \xi_0\rVert^2 ,$$
+
+$E_\beta$ the modern Hopfield energy ([`eqattn.hopfield_energy`][]). Its concave-convex step is
+$\xi \leftarrow (K^\top\mathrm{softmax}(\beta K\xi) + \alpha\,\xi_0)/(1 + \alpha)$, which never
+increases $E$; the layer solves it to the fixed point $\xi^*$ (instead of a fixed number of
+updates) and differentiates implicitly. The injection $\alpha > 0$ keeps $\partial\xi^*/\partial\xi_0$
+away from zero at retrieval fixed points; $\alpha \to 0$ recovers pure retrieval. The output is
+$W_o\,[V^\top\mathrm{softmax}(\beta K\xi^*)]_h$ with $V = W_v y$.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._attention import attention, merge_heads, split_heads
+from .._hopfield import hopfield_energy
+from .._renorm import renormalize
+from .._solve import (
+    AbstractAdjoint,
+    AbstractFixedPointSolver,
+    Anderson,
+    ImplicitAdjoint,
+    fixed_point,
+)
+from .._solve._equilibrium import Equilibrium
+from ._multihead import MultiHeadAttention, check_mask, check_tokens
+
+
+class Hopfield(eqx.Module):
+    """State patterns associate with stored patterns through query/key/value projections, solved
+    to equilibrium.
+
+    **Arguments:**
+
+    - `state_dim`, `stored_dim`: widths of the state (query) and stored (key) patterns.
+    - `num_heads`, `key`.
+    - `hidden_dim`: width of the association space (default `state_dim`), split over heads.
+    - `value_dim`, `out_dim`: widths of the projected values and of the output.
+    - `beta`: initial inverse temperature of every head (learned per head; default
+      $1/\\sqrt{d_h}$).
+    - `normalize_state`, `normalize_stored`: layer norm (with affine) on the raw patterns;
+      `normalize_projected`: renormalize the projected patterns per head.
+    - `output_projection`: apply $W_o$ (else the heads' outputs are concatenated).
+    - `injection`: $\\alpha > 0$ above.
+    - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][].
+
+    `layer(state [n, state_dim], stored [m, stored_dim], *, association_mask=None,
+    padding_mask=None) -> [n, out_dim]`; `association_mask` broadcasts to `[n, m]` and
+    `padding_mask [m]` marks real stored patterns (True).
+    """
+
+    attention: MultiHeadAttention
+    state_norm: eqx.nn.LayerNorm | None
+    stored_norm: eqx.nn.LayerNorm | None
+    normalize_projected: bool = eqx.field(static=True)
+    injection: float = eqx.field(static=True)
+    solver: AbstractFixedPointSolver
+    adjoint: AbstractAdjoint
+    throw: bool = eqx.field(static=True)
+    state_dim: int = eqx.field(static=True)
+    stored_dim: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        state_dim: int,
+        stored_dim: int | None = None,
+        num_heads: int = 1,
+        *,
+        key: PRNGKeyArray,
+        hidden_dim: int | None = None,
+        value_dim: int | None = None,
+        out_dim: int | None = None,
+        beta: float | None = None,
+        normalize_state: bool = True,
+        normalize_stored: bool = True,
+        normalize_projected: bool = True,
+        output_projection: bool = True,
+        injection: float = 0.1,
+        solver: AbstractFixedPointSolver | None = None,
+        adjoint: AbstractAdjoint | None = None,
+        throw: bool = False,
+        dtype=None,
+    ):
+        stored_dim = state_dim if stored_dim is None else stored_dim
+        if injection <= 0:
+            raise ValueError(f"`injection` must be > 0; got {injection}.")
+        self.attention = MultiHeadAttention(
+            state_dim,
+            num_heads,
+            key=key,
+            key_dim=stored_dim,
+            hidden_dim=hidden_dim,
+            value_dim=value_dim,
+            out_dim=out_dim,
+            output_projection=output_projection,
+            beta=beta,
+            dtype=dtype,
+        )
+        self.state_norm = eqx.nn.LayerNorm(state_dim, dtype=dtype) if normalize_state else None
+        self.stored_norm = eqx.nn.LayerNorm(stored_dim, dtype=dtype) if normalize_stored else None
+        self.normalize_projected = normalize_projected
+        self.injection = injection
+        self.solver = Anderson(rtol=1e-4) if solver is None else solver
+        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.throw = throw
+        self.state_dim = state_dim
+        self.stored_dim = stored_dim
+
+    def _patterns(self, state, stored, association_mask, padding_mask):
+        check_tokens(state, self.state_dim, "state")
+        check_tokens(stored, self.stored_dim, "stored")
+        n, m = state.shape[0], stored.shape[0]
+        mask = check_mask(association_mask, n, m, "association_mask")
+        if padding_mask is not None:
+            padding_mask = check_mask(padding_mask, 1, m, "padding_mask")
+            mask = padding_mask[None, :] if mask is None else mask & padding_mask
+        if self.state_norm is not None:
+            state = jax.vmap(self.state_norm)(state)
+        if self.stored_norm is not None:
+            stored = jax.vmap(self.stored_norm)(stored)
+        q0, k = self.attention.project(state, stored)
+        if self.normalize_projected:
+            q0, k = renormalize(q0), renormalize(k)
+        return q0, k, stored, mask
+
+    def update(self, xi, xi0, keys, mask=None):
+        r"""One concave-convex step $\xi \leftarrow (K^\top\mathrm{softmax}(\beta K\xi) + \alpha\xi_0)/(1+\alpha)$."""
+        retrieved = attention(xi, keys, beta=self.attention.beta, mask=mask)
+        return (retrieved + self.injection * xi0) / (1 + self.injection)
+
+    def equilibrium(
+        self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None
+    ) -> Equilibrium:
+        """The equilibrium projected state patterns $\\xi^*$ `[heads, n, d_h]` with solver statistics."""
+        q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
+        return self._solve(q0, k, mask, max_steps)
+
+    def _solve(self, q0, k, mask, max_steps):
+        return fixed_point(
+            lambda xi, args: args[0].update(xi, args[1], args[2], mask),
+            q0,
+            (self, q0, k),
+            solver=self.solver,
+            adjoint=self.adjoint,
+            throw=self.throw,
+            max_steps=max_steps,
+        )
+
+    def forward(self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None):
+        """The output and the `Equilibrium` of the projected state patterns."""
+        q0, k, stored_n, mask = self._patterns(state, stored, association_mask, padding_mask)
+        eq = self._solve(q0, k, mask, max_steps)
+        v = split_heads(jax.vmap(self.attention.value_proj)(stored_n), self.attention.num_heads)
+        out = merge_heads(attention(eq.value, k, v, beta=self.attention.beta, mask=mask))
+        if self.attention.output_proj is not None:
+            out = jax.vmap(self.attention.output_proj)(out)
+        return out, eq
+
+    def __call__(
+        self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None
+    ) -> Float[Array, "n out"]:
+        return self.forward(
+            state,
+            stored,
+            association_mask=association_mask,
+            padding_mask=padding_mask,
+            max_steps=max_steps,
+        )[0]
+
+    def energy(
+        self, state, stored, xi=None, *, association_mask=None, padding_mask=None
+    ) -> Float[Array, ""]:
+        r"""$\sum_{h, i} E_\beta(\xi_{hi}; K_h) + \frac{\alpha}{2}\lVert\xi - \xi_0\rVert^2$ at `xi`
+        (default: the equilibrium). Padding is honoured by the solve; this energy (like
+        [`eqattn.hopfield_energy`][]) counts every stored pattern."""
+        q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
+        xi = self._solve(q0, k, mask, None).value if xi is None else xi
+        e = hopfield_energy(xi, k[:, None], beta=self.attention.beta[:, None])
+        return jnp.sum(e) + 0.5 * self.injection * jnp.sum((xi - q0) ** 2)
+
+    def association(
+        self, state, stored, *, association_mask=None, padding_mask=None
+    ) -> Float[Array, "heads n m"]:
+        """The softmax (association) matrix $\\mathrm{softmax}(\\beta K\\xi^*)$ per head."""
+        q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
+        xi = self._solve(q0, k, mask, None).value
+        eye = jnp.broadcast_to(jnp.eye(k.shape[-2], dtype=k.dtype), k.shape[:-1] + (k.shape[-2],))
+        return attention(xi, k, eye, beta=self.attention.beta, mask=mask)
+
+
+class HopfieldPooling(eqx.Module):
+    """Learned state patterns pool a set of stored patterns `[m, dim]` into `num_queries`
+    vectors `[num_queries, out_dim]` (the pooling role). Other keywords go to [`eqattn.nn.Hopfield`][]."""
+
+    hopfield: Hopfield
+    queries: Float[Array, "q dim"]
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 1,
+        *,
+        key: PRNGKeyArray,
+        num_queries: int = 1,
+        dtype=None,
+        **kwargs,
+    ):
+        kh, kq = jax.random.split(key)
+        self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
+        self.queries = jax.random.normal(kq, (num_queries, dim), dtype or jnp.result_type(float))
+
+    def __call__(self, stored, *, padding_mask=None, max_steps=None) -> Float[Array, "q out"]:
+        return self.hopfield(self.queries, stored, padding_mask=padding_mask, max_steps=max_steps)
+
+
+class HopfieldLayer(eqx.Module):
+    """Learned stored patterns `[num_patterns, dim]` act as a lookup table for the input state
+    patterns `[n, dim]` (the layer/memory role). Other keywords go to [`eqattn.nn.Hopfield`][]."""
+
+    hopfield: Hopfield
+    patterns: Float[Array, "p dim"]
+
+    def __init__(
+        self,
+        dim: int,
+        num_patterns: int,
+        num_heads: int = 1,
+        *,
+        key: PRNGKeyArray,
+        dtype=None,
+        **kwargs,
+    ):
+        kh, kp = jax.random.split(key)
+        self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
+        self.patterns = jax.random.normal(kp, (num_patterns, dim), dtype or jnp.result_type(float))
+
+    def __call__(self, state, *, max_steps=None) -> Float[Array, "n out"]:
+        return self.hopfield(state, self.patterns, max_steps=max_steps)

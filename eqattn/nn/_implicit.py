@@ -1,0 +1,134 @@
+r"""`ImplicitAttention`: multi-head self-attention solved to equilibrium.
+
+$$z^* = \mathrm{RN}\big(z^* + \mathrm{MHA}(z^*, z^*) + U x\big)$$
+
+with RN a renormalization (layer norm without affine by default) and $Ux$ the input injection
+(a linear map followed by a layer norm with learned affine: at initialization it has unit
+variance, so RN divides by about $\sqrt2$ and the map contracts).
+Forward by `eqattn.fixed_point`, backward by its adjoint (implicit differentiation by default).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from .._renorm import renormalize, standardize_tokens
+from .._solve import (
+    AbstractAdjoint,
+    AbstractFixedPointSolver,
+    Anderson,
+    ImplicitAdjoint,
+    fixed_point,
+)
+from .._solve._equilibrium import Equilibrium
+from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
+
+Norm = Literal["layer", "tokens"]
+
+
+def apply_norm(norm: str, z):
+    if norm == "layer":
+        return renormalize(z, axis=-1)
+    return standardize_tokens(z)
+
+
+def check_norm(norm: str):
+    if norm not in ("layer", "tokens"):
+        raise ValueError(f"`norm` must be 'layer' or 'tokens'; got {norm!r}.")
+
+
+class ImplicitAttention(eqx.Module):
+    r"""Multi-head self-attention as an implicit layer,
+    $z^* = \mathrm{RN}(z^* + \mathrm{MHA}(z^*) + Ux)$.
+
+    **Arguments:**
+
+    - `dim`: token width; `num_heads` must divide it.
+    - `key`: a JAX PRNG key for the initialization.
+    - `solver`, `adjoint`: as in [`eqattn.fixed_point`][] (default `Anderson(rtol=1e-4)` and
+      `ImplicitAdjoint()`).
+    - `norm`: `"layer"` (each token to zero mean, unit variance; default) or `"tokens"`
+      (standardize the token cloud, [`eqattn.standardize_tokens`][]).
+    - `beta`: initial inverse temperature of every head (default $1/\sqrt{d_h}$), learned per head.
+    - `throw`: raise (inside `jit` too) when the solve does not converge.
+
+    Acts on one example `x [tokens, dim]` (use `jax.vmap` for a batch); `mask` is boolean,
+    broadcasting to `[tokens, tokens]`, `True` where token i may attend to token j.
+    """
+
+    attention: MultiHeadAttention
+    inject: eqx.nn.Linear
+    inject_norm: eqx.nn.LayerNorm
+    solver: AbstractFixedPointSolver
+    adjoint: AbstractAdjoint
+    norm: str = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+    dim: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        key: PRNGKeyArray,
+        solver: AbstractFixedPointSolver | None = None,
+        adjoint: AbstractAdjoint | None = None,
+        norm: Norm = "layer",
+        beta: float | None = None,
+        throw: bool = False,
+        dtype=None,
+    ):
+        check_dims(dim, num_heads)
+        check_norm(norm)
+        ka, ki = jax.random.split(key)
+        self.attention = MultiHeadAttention(dim, num_heads, key=ka, beta=beta, dtype=dtype)
+        self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
+        # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
+        self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
+        self.solver = Anderson(rtol=1e-4) if solver is None else solver
+        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.norm = norm
+        self.throw = throw
+        self.dim = dim
+
+    def injection(self, x: Float[Array, "n dim"]) -> Float[Array, "n dim"]:
+        """The input injection $Ux$: a linear map then a layer norm (with learned affine)."""
+        return jax.vmap(lambda t: self.inject_norm(self.inject(t)))(x)
+
+    def step(self, z: Float[Array, "n dim"], injection: Float[Array, "n dim"], mask=None):
+        """One application of the layer's map $z \\mapsto \\mathrm{RN}(z + \\mathrm{MHA}(z) + Ux)$."""
+        return apply_norm(self.norm, z + self.attention(z, z, mask=mask) + injection)
+
+    def equilibrium(
+        self,
+        x: Float[Array, "n dim"],
+        *,
+        mask: Bool[Array, "n n"] | None = None,
+        z0: Float[Array, "n dim"] | None = None,
+        max_steps: int | None = None,
+    ) -> Equilibrium:
+        """Solve for $z^*$; returns the [`eqattn.Equilibrium`][] (value and solver statistics).
+        `z0` warm-starts the solve; `max_steps` caps it for this call."""
+        check_tokens(x, self.dim)
+        n = x.shape[0]
+        mask = check_mask(mask, n, n)
+        injection = self.injection(x)
+        z0 = jnp.zeros_like(injection) if z0 is None else z0
+        return fixed_point(
+            lambda z, args: args[0].step(z, args[1], mask),
+            z0,
+            (self, injection),
+            solver=self.solver,
+            adjoint=self.adjoint,
+            throw=self.throw,
+            max_steps=max_steps,
+        )
+
+    def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:
+        """$z^*$, of the shape of `x`."""
+        return self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps).value

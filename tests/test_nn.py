@@ -1,0 +1,249 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import eqattn
+import eqattn.nn as enn
+
+F64 = jnp.float64
+TIGHT = dict(rtol=1e-11, atol=0.0)
+
+
+def _tight_adjoint():
+    return eqattn.ImplicitAdjoint(
+        linear_solver=eqattn.Anderson(**TIGHT, max_steps=300, history_size=8)
+    )
+
+
+def _layers(key):
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    solver = eqattn.Anderson(**TIGHT, max_steps=200)
+    return {
+        "ImplicitAttention": enn.ImplicitAttention(8, 2, key=k1, solver=solver, dtype=F64),
+        "DEQBlock": enn.DEQBlock(8, 2, key=k2, solver=solver, dtype=F64),
+        "Hopfield": enn.Hopfield(8, 6, 2, key=k3, solver=solver, dtype=F64),
+        "EnergyAttention": enn.EnergyAttention(
+            8, 2, key=k4, num_memories=4, solver=eqattn.Picard(**TIGHT, max_steps=400), dtype=F64
+        ),
+    }
+
+
+def _apply(name, layer, x, y):
+    return layer(x, y) if name == "Hopfield" else layer(x)
+
+
+def _with_adjoint(layer, adjoint):
+    return eqx.tree_at(lambda m: m.adjoint, layer, adjoint)
+
+
+@pytest.mark.parametrize("name", ["ImplicitAttention", "DEQBlock", "Hopfield", "EnergyAttention"])
+def test_implicit_gradient_matches_unrolled_and_finite_differences(getkey, name):
+    layer = _layers(getkey())[name]
+    x = jax.random.normal(getkey(), (5, 8), F64)
+    y = jax.random.normal(getkey(), (7, 6), F64)
+    c = jax.random.normal(getkey(), _apply(name, layer, x, y).shape, F64)
+
+    @eqx.filter_jit
+    def loss(layer):
+        return jnp.sum(jnp.sin(_apply(name, layer, x, y)) * c)
+
+    g_imp = eqx.filter_grad(loss)(_with_adjoint(layer, _tight_adjoint()))
+    g_unr = eqx.filter_grad(loss)(_with_adjoint(layer, eqattn.Unrolled()))
+    leaves_imp = jax.tree.leaves(eqx.filter(g_imp, eqx.is_inexact_array))
+    leaves_unr = jax.tree.leaves(eqx.filter(g_unr, eqx.is_inexact_array))
+    assert len(leaves_imp) == len(leaves_unr) > 0
+    for a, b in zip(leaves_imp, leaves_unr):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))) + 1e-12)
+
+    # finite differences on the first entries of the first two parameter arrays
+    params, static = eqx.partition(_with_adjoint(layer, _tight_adjoint()), eqx.is_inexact_array)
+    flat, unflatten = jax.flatten_util.ravel_pytree(params)
+    grad_flat = jax.flatten_util.ravel_pytree(eqx.filter(g_imp, eqx.is_inexact_array))[0]
+    h = 1e-6
+    for i in (0, 1, flat.size // 2, flat.size - 1):
+        e = jnp.zeros_like(flat).at[i].set(h)
+        lp = loss(eqx.combine(unflatten(flat + e), static))
+        lm = loss(eqx.combine(unflatten(flat - e), static))
+        np.testing.assert_allclose(grad_flat[i], (lp - lm) / (2 * h), rtol=1e-5, atol=1e-8)
+
+
+def test_jit_vmap_and_training_with_optax(getkey):
+    # A synthetic task: is the sum of the first feature over the tokens positive?
+    x = jax.random.normal(getkey(), (128, 10, 6))
+    y = (x[..., 0].sum(-1) > 0).astype(jnp.int32)
+    model = enn.DEQTransformer(2, 16, 2, key=getkey(), in_features=6, max_len=10)
+    opt = optax.adamw(1e-3)
+    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+
+    @eqx.filter_jit
+    def step(model, state):
+        def loss(model):
+            logits, eq = jax.vmap(model.forward)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), eq
+
+        (value, eq), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model)
+        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
+        return eqx.apply_updates(model, updates), state, value, eq
+
+    losses = []
+    for _ in range(16):
+        model, state, value, eq = step(model, state)
+        losses.append(float(value))
+    assert eq.steps.shape == (128,) and eq.converged.shape == (128,)  # per example
+    assert np.all(eq.converged)
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_token_task_and_padding(getkey):
+    model = enn.DEQTransformer(5, 8, 2, key=getkey(), vocab_size=11, max_len=12, pooling="none")
+    tokens = jnp.array([1, 4, 2, 0, 0])
+    pad = jnp.array([True, True, True, False, False])
+    logits = model(tokens, padding_mask=pad)
+    assert logits.shape == (5, 5) and np.all(np.isfinite(logits))
+    cls_model = enn.DEQTransformer(
+        3,
+        8,
+        2,
+        key=getkey(),
+        vocab_size=11,
+        pooling="cls",
+        solver=eqattn.Anderson(rtol=1e-10, max_steps=100),
+    )
+    # padding tokens do not change the pooled output (at convergence: Anderson mixes all tokens'
+    # iterates, so at a loose tolerance padded tokens nudge the others within that tolerance)
+    a = cls_model(tokens, padding_mask=pad)
+    b = cls_model(jnp.array([1, 4, 2, 7, 9]), padding_mask=pad)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_non_convergence_is_reported(getkey):
+    key, solver = getkey(), eqattn.Anderson(rtol=1e-12, atol=0.0, max_steps=3)
+    layer = enn.ImplicitAttention(8, 2, key=key, solver=solver)
+    x = jax.random.normal(getkey(), (4, 5, 8))
+    eq = jax.vmap(layer.equilibrium)(x)
+    assert not np.any(eq.converged) and np.all(eq.steps == 3)
+    loud = enn.ImplicitAttention(8, 2, key=key, solver=solver, throw=True)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge"):
+        jax.block_until_ready(eqx.filter_jit(jax.vmap(loud))(x))
+
+
+def test_variational_dropout_keeps_one_mask_per_solve(getkey):
+    key, solver = getkey(), eqattn.Anderson(rtol=1e-6, max_steps=100)
+    block = enn.DEQBlock(8, 2, key=key, dropout=0.3, solver=solver)
+    x = jax.random.normal(getkey(), (6, 8))
+    k1, k2 = jax.random.split(getkey())
+    a, b = block.equilibrium(x, key=k1), block.equilibrium(x, key=k2)
+    # a fixed mask gives a fixed map, so the solve converges (a mask redrawn every iteration would not)
+    assert a.converged and b.converged
+    assert not np.allclose(a.value, b.value)
+    again = block.equilibrium(x, key=k1)
+    np.testing.assert_allclose(a.value, again.value)
+    plain = block.equilibrium(x, inference=True)
+    no_dropout = enn.DEQBlock(8, 2, key=key, solver=solver)  # same weights
+    np.testing.assert_allclose(plain.value, no_dropout.equilibrium(x).value)
+    with pytest.raises(ValueError, match="needs `key`"):
+        block(x)
+
+
+def test_hopfield_retrieves_stored_patterns(getkey):
+    d, m = 64, 20
+    stored = jax.random.normal(getkey(), (m, d))
+    layer = enn.Hopfield(
+        d,
+        d,
+        1,
+        key=getkey(),
+        beta=1.0,
+        injection=0.01,
+        normalize_state=False,
+        normalize_stored=False,
+        normalize_projected=False,
+        output_projection=False,
+    )
+    eye = jnp.eye(d)
+    layer = eqx.tree_at(
+        lambda m: (
+            m.attention.query_proj.weight,
+            m.attention.key_proj.weight,
+            m.attention.value_proj.weight,
+        ),
+        layer,
+        (eye, eye, eye),
+    )
+    idx = jnp.array([3, 7, 11])
+    noise = jax.random.normal(getkey(), (3, d))
+    noise = (
+        0.2
+        * noise
+        / jnp.linalg.norm(noise, axis=-1, keepdims=True)
+        * jnp.linalg.norm(stored[idx], axis=-1, keepdims=True)
+    )
+    out, eq = layer.forward(stored[idx] + noise, stored)
+    assert eq.converged
+    np.testing.assert_allclose(out, stored[idx], rtol=1e-4, atol=1e-4)
+    assoc = layer.association(stored[idx] + noise, stored)
+    assert assoc.shape == (1, 3, m)
+    np.testing.assert_allclose(assoc.sum(-1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(jnp.argmax(assoc[0], -1), idx)
+    # energy at equilibrium is below the energy at the (noisy) start
+    xi0 = jnp.stack([stored[idx] + noise])
+    assert layer.energy(stored[idx] + noise, stored) < layer.energy(
+        stored[idx] + noise, stored, xi0
+    )
+
+
+def test_hopfield_pooling_and_lookup(getkey):
+    pool = enn.HopfieldPooling(8, 2, key=getkey(), num_queries=3)
+    stored = jax.random.normal(getkey(), (10, 8))
+    pad = jnp.arange(10) < 6
+    pooled = eqx.filter_jit(lambda p, s: p(s, padding_mask=pad))
+    out = pooled(pool, stored)
+    assert out.shape == (3, 8)
+    # padded patterns are ignored
+    np.testing.assert_allclose(out, pooled(pool, stored.at[6:].set(100.0)), rtol=1e-5, atol=1e-6)
+    lookup = enn.HopfieldLayer(8, 16, 2, key=getkey())
+    assert lookup(jax.random.normal(getkey(), (4, 8))).shape == (4, 8)
+    g = eqx.filter_jit(eqx.filter_grad(lambda p: jnp.sum(pooled(p, stored) ** 2)))(pool)
+    assert np.all(np.isfinite(g.queries)) and np.any(g.queries != 0)
+
+
+def test_energy_descent_never_increases(getkey):
+    layer = enn.EnergyAttention(16, 2, key=getkey(), num_memories=8, dtype=F64)
+    x = jax.random.normal(getkey(), (6, 16), F64)
+    mask = jnp.tril(jnp.ones((6, 6), bool))
+    z, energies = x, [layer.energy(x, x, mask)]
+    step = jax.jit(lambda z: layer.step(z, x, mask))
+    for _ in range(60):
+        z = step(z)
+        energies.append(layer.energy(z, x, mask))
+    diffs = np.diff(np.asarray(energies))
+    assert np.all(diffs <= 1e-12 * np.abs(energies[0])), diffs.max()
+    eq = layer.equilibrium(x, mask=mask)
+    assert eq.converged
+    np.testing.assert_allclose(jax.grad(layer.energy)(eq.value, x, mask), 0.0, atol=1e-3)
+
+
+def test_bad_shapes_and_options(getkey):
+    with pytest.raises(ValueError, match="`num_heads` must divide `dim`"):
+        enn.ImplicitAttention(10, 3, key=getkey())
+    layer = enn.ImplicitAttention(8, 2, key=getkey())
+    with pytest.raises(ValueError, match=r"`x` must have shape \[tokens, 8\]"):
+        layer(jnp.ones((4, 6)))
+    with pytest.raises(ValueError, match=r"`x` must have shape \[tokens, 8\].*use jax.vmap"):
+        layer(jnp.ones((2, 4, 8)))
+    with pytest.raises(ValueError, match=r"`mask` must be boolean and broadcast to \[4, 4\]"):
+        layer(jnp.ones((4, 8)), mask=jnp.ones((3, 4), bool))
+    with pytest.raises(ValueError, match="`norm`"):
+        enn.DEQBlock(8, 2, key=getkey(), norm="batch")
+    with pytest.raises(ValueError, match="exactly one of"):
+        enn.DEQTransformer(2, 8, 2, key=getkey(), vocab_size=5, in_features=3)
+    with pytest.raises(ValueError, match="at most 4"):
+        enn.DEQTransformer(2, 8, 2, key=getkey(), vocab_size=5, max_len=4)(jnp.zeros(6, int))
+    hop = enn.Hopfield(8, 6, 2, key=getkey())
+    with pytest.raises(ValueError, match=r"`stored` must have shape \[tokens, 6\]"):
+        hop(jnp.ones((3, 8)), jnp.ones((5, 8)))
+    with pytest.raises(ValueError, match="`padding_mask`"):
+        hop(jnp.ones((3, 8)), jnp.ones((5, 6)), padding_mask=jnp.ones(4, bool))
