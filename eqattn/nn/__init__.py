@@ -8,4 +8,5 @@ from ._hopfield import (
     HopfieldPooling as HopfieldPooling,
 )
 from ._implicit import ImplicitAttention as ImplicitAttention
+from ._layer import AbstractEquilibriumLayer as AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention as MultiHeadAttention

@@ -21,10 +21,10 @@ from .._solve import (
     AbstractFixedPointSolver,
     Anderson,
     ImplicitAdjoint,
-    fixed_point,
 )
 from .._solve._equilibrium import Equilibrium
 from ._implicit import Norm, apply_norm, check_norm
+from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
 
 
@@ -33,7 +33,7 @@ def _dropout_mask(key, rate, shape, dtype):
     return keep.astype(dtype) / (1 - rate)
 
 
-class DEQBlock(eqx.Module):
+class DEQBlock(AbstractEquilibriumLayer):
     """Weight-tied transformer block (attention + MLP, input injection) solved to equilibrium.
 
     **Arguments:** `dim`, `num_heads`, `key`; `mlp_ratio` (hidden width of the MLP / dim);
@@ -133,15 +133,7 @@ class DEQBlock(eqx.Module):
                 _dropout_mask(k2, self.dropout, (n, self.mlp_in.out_features), injection.dtype),
             )
         z0 = jnp.zeros_like(injection) if z0 is None else z0
-        return fixed_point(
-            lambda z, args: args[0].step(z, args[1], mask, args[2]),
-            z0,
-            (self, injection, drop),
-            solver=self.solver,
-            adjoint=self.adjoint,
-            throw=self.throw,
-            max_steps=max_steps,
-        )
+        return self.solve(DEQBlock.step, z0, injection, mask, drop, max_steps=max_steps)
 
     def __call__(self, x, *, mask=None, key=None, inference=False, z0=None, max_steps=None):
         return self.equilibrium(

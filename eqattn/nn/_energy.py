@@ -23,12 +23,13 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._attention import log_normalizer
 from .._renorm import renormalize
-from .._solve import AbstractAdjoint, AbstractFixedPointSolver, ImplicitAdjoint, Picard, fixed_point
+from .._solve import AbstractAdjoint, AbstractFixedPointSolver, ImplicitAdjoint, Picard
 from .._solve._equilibrium import Equilibrium
+from ._layer import AbstractEquilibriumLayer
 from ._multihead import check_dims, check_mask, check_tokens
 
 
-class EnergyAttention(eqx.Module):
+class EnergyAttention(AbstractEquilibriumLayer):
     """Attention as descent on an explicit energy (see the module docstring).
 
     **Arguments:** `dim`, `num_heads`, `key`; `num_memories` (Hopfield memory patterns; 0 for
@@ -113,15 +114,8 @@ class EnergyAttention(eqx.Module):
         """Descend to a stationary point of $E$ from `z0` (default `x`)."""
         check_tokens(x, self.dim)
         mask = check_mask(mask, x.shape[0], x.shape[0])
-        return fixed_point(
-            lambda z, args: args[0].step(z, args[1], mask),
-            x if z0 is None else z0,
-            (self, x),
-            solver=self.solver,
-            adjoint=self.adjoint,
-            throw=self.throw,
-            max_steps=max_steps,
-        )
+        z0 = x if z0 is None else z0
+        return self.solve(EnergyAttention.step, z0, x, mask, max_steps=max_steps)
 
     def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:
         return self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps).value

@@ -29,13 +29,13 @@ from .._solve import (
     AbstractFixedPointSolver,
     Anderson,
     ImplicitAdjoint,
-    fixed_point,
 )
 from .._solve._equilibrium import Equilibrium
+from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_mask, check_tokens
 
 
-class Hopfield(eqx.Module):
+class Hopfield(AbstractEquilibriumLayer):
     """State patterns associate with stored patterns through query/key/value projections, solved
     to equilibrium.
 
@@ -145,15 +145,7 @@ class Hopfield(eqx.Module):
         return self._solve(q0, k, mask, max_steps)
 
     def _solve(self, q0, k, mask, max_steps):
-        return fixed_point(
-            lambda xi, args: args[0].update(xi, args[1], args[2], mask),
-            q0,
-            (self, q0, k),
-            solver=self.solver,
-            adjoint=self.adjoint,
-            throw=self.throw,
-            max_steps=max_steps,
-        )
+        return self.solve(Hopfield.update, q0, q0, k, mask, max_steps=max_steps)
 
     def forward(self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None):
         """The output and the `Equilibrium` of the projected state patterns."""

@@ -23,9 +23,9 @@ from .._solve import (
     AbstractFixedPointSolver,
     Anderson,
     ImplicitAdjoint,
-    fixed_point,
 )
 from .._solve._equilibrium import Equilibrium
+from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
 
 Norm = Literal["layer", "tokens"]
@@ -42,7 +42,7 @@ def check_norm(norm: str):
         raise ValueError(f"`norm` must be 'layer' or 'tokens'; got {norm!r}.")
 
 
-class ImplicitAttention(eqx.Module):
+class ImplicitAttention(AbstractEquilibriumLayer):
     r"""Multi-head self-attention as an implicit layer,
     $z^* = \mathrm{RN}(z^* + \mathrm{MHA}(z^*) + Ux)$.
 
@@ -119,15 +119,7 @@ class ImplicitAttention(eqx.Module):
         mask = check_mask(mask, n, n)
         injection = self.injection(x)
         z0 = jnp.zeros_like(injection) if z0 is None else z0
-        return fixed_point(
-            lambda z, args: args[0].step(z, args[1], mask),
-            z0,
-            (self, injection),
-            solver=self.solver,
-            adjoint=self.adjoint,
-            throw=self.throw,
-            max_steps=max_steps,
-        )
+        return self.solve(ImplicitAttention.step, z0, injection, mask, max_steps=max_steps)
 
     def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:
         """$z^*$, of the shape of `x`."""
