@@ -8,7 +8,8 @@
 The baselines are written by hand with jaxopt (AndersonAcceleration and FixedPointIteration,
 implicit_diff=True, their default backward solve). jaxopt's stop test is absolute,
 |f(z) - z| <= tol, so tol = 1e-4 * |z| with |z| = sqrt(B N D), the norm of a layer-normalized z.
-The floor is 15 evaluations of f in a jitted, unrolled loop: the least an Anderson forward pass
+With torch and torchdeq installed, torchdeq's Anderson and fixed-point solvers (ift=True) run
+the same problem too (see `benchmarks/_torchdeq.py`). The floor is 15 evaluations of f in a jitted, unrolled loop: the least an Anderson forward pass
 does here. All cases are timed round-robin (one call of each per round) so that ratios compare
 calls made at the same moments. Gradient norm: the sum of the norms of dloss/dWq, dWk, dWv.
 """
@@ -24,6 +25,7 @@ import numpy as np
 
 import eqattn
 
+from . import _torchdeq
 from ._harness import print_table, time_interleaved
 
 B, N, D = 16, 64, 64
@@ -66,9 +68,8 @@ def _jaxopt(kind):
         warnings.simplefilter("ignore")
         import jaxopt
 
-    tol = RTOL * math.sqrt(B * N * D)
-
-    def make():
+    def make(x):
+        tol = RTOL * math.sqrt(x.size)  # |z| of a layer-normalized z
         fun = lambda z, weights, x: f(z, weights, x)  # noqa: E731
         if kind == "anderson":
             return jaxopt.AndersonAcceleration(
@@ -77,12 +78,12 @@ def _jaxopt(kind):
         return jaxopt.FixedPointIteration(fun, maxiter=MAX_STEPS, tol=tol, implicit_diff=True)
 
     def forward(weights, x):
-        z, state = make().run(jnp.zeros_like(x), weights, x)
+        z, state = make(x).run(jnp.zeros_like(x), weights, x)
         fz = f(z, weights, x)
         return z, state.iter_num, jnp.linalg.norm(fz - z) / jnp.linalg.norm(fz)
 
     def loss(weights, x, c):
-        return jnp.sum(make().run(jnp.zeros_like(x), weights, x).params * c)
+        return jnp.sum(make(x).run(jnp.zeros_like(x), weights, x).params * c)
 
     return forward, loss
 
@@ -149,6 +150,21 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
                 "forward_backward_times_s": t_total["times_s"],
             }
         )
+    if _torchdeq.available():
+        for r in _torchdeq.run(weights, x, c, rtol=RTOL, max_steps=MAX_STEPS, repeats=repeats):
+            rows.append(
+                {
+                    **r,
+                    "forward_ms": 1e3 * r["forward_s"],
+                    "forward_backward_ms": 1e3 * r["forward_backward_s"],
+                    "forward_ratio": r["forward_s"] / base_fwd,
+                    "forward_backward_ratio": r["forward_backward_s"] / base_total,
+                    "forward_over_floor": r["forward_s"] / floor["median_s"],
+                    "grad_norm_rel_diff": abs(r["grad_norm"] - base_norm) / base_norm,
+                }
+            )
+    else:
+        print("(torch/torchdeq not installed: no torchdeq rows; `pip install torch torchdeq`)")
     print(f"floor ({FLOOR_STEPS} evaluations of f): {1e3 * floor['median_s']:.2f} ms")
     print_table(
         rows,

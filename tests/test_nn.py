@@ -89,12 +89,12 @@ def test_jit_vmap_and_training_with_optax(getkey):
         return eqx.apply_updates(model, updates), state, value, eq
 
     losses = []
-    for _ in range(16):
+    for _ in range(30):
         model, state, value, eq = step(model, state)
         losses.append(float(value))
     assert eq.steps.shape == (128,) and eq.converged.shape == (128,)  # per example
     assert np.all(eq.converged)
-    assert losses[-1] < 0.8 * losses[0], losses
+    assert losses[-1] < 0.6 * losses[0], losses
 
 
 def test_token_task_and_padding(getkey):
