@@ -2,6 +2,7 @@
 
 import importlib.metadata
 
+from . import nn as nn
 from ._attention import (
     attention as attention,
     log_normalizer as log_normalizer,

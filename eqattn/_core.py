@@ -28,6 +28,10 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 _TILE_LOGITS_FORWARD = 1 << 19
 _TILE_LOGITS_BACKWARD = 1 << 18
 _TILE_MIN_LOGITS = 1 << 16
+# Above this many logits per batch element the key-chunked (online-softmax) path is used unless a
+# `chunk_size` is given: memory O(n * chunk) instead of O(n * m) (or O(tile * m) on CPU).
+_CHUNK_AUTO_LOGITS = 1 << 26
+_CHUNK_DEFAULT = 1024
 
 
 def _compute_dtype(*dtypes) -> jnp.dtype:
@@ -122,21 +126,41 @@ def _scaled_queries(q, beta, dtype):
     return q.astype(dtype) * beta[..., None, None]
 
 
-def _tile_forward(q, k, v, beta, mask, dtype):
+def _block_stats(q, k, v, beta, mask, dtype):
+    """Unnormalized softmax statistics of one block of keys: the row maximum `smax` (-inf where
+    every key is masked), `total` = sum exp(s - smax) and `acc` = sum exp(s - smax) v."""
     s = jnp.einsum(
         "...nd,...md->...nm", _scaled_queries(q, beta, dtype), k, preferred_element_type=dtype
     )
     if mask is not None:
         s = jnp.where(mask, s, -jnp.inf)
-    smax = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
-    # A row with every key masked has smax = -inf; shifting by 0 instead keeps exp(-inf) = 0.
-    smax = jnp.where(jnp.isfinite(smax), smax, 0)
-    p = jnp.exp(s - smax)
-    total = jnp.sum(p, axis=-1)
-    lse = smax[..., 0] + jnp.log(total)  # log(0) = -inf for a fully masked row
-    out = jnp.einsum("...nm,...md->...nd", p, v.astype(dtype))
-    out = out / jnp.where(total > 0, total, 1)[..., None]
-    return out, lse
+    smax = jnp.max(s, axis=-1, initial=-jnp.inf)
+    # Shifting a fully masked row by 0 instead of -inf keeps exp(-inf) = 0 (no NaN).
+    p = jnp.exp(s - _finite_or_zero(smax)[..., None])
+    return smax, jnp.sum(p, axis=-1), jnp.einsum("...nm,...md->...nd", p, v.astype(dtype))
+
+
+def _finite_or_zero(x):
+    return jnp.where(jnp.isfinite(x), x, 0)
+
+
+def _merge_stats(a, b):
+    """Exact combination of the statistics of two disjoint blocks of keys (online softmax)."""
+    (ma, ta, aa), (mb, tb, ab) = a, b
+    m = jnp.maximum(ma, mb)
+    ca = jnp.exp(ma - _finite_or_zero(m))  # exp(-inf) = 0 for an empty block
+    cb = jnp.exp(mb - _finite_or_zero(m))
+    return m, ta * ca + tb * cb, aa * ca[..., None] + ab * cb[..., None]
+
+
+def _finalize(stats):
+    smax, total, acc = stats
+    lse = _finite_or_zero(smax) + jnp.log(total)  # log(0) = -inf for a fully masked row
+    return acc / jnp.where(total > 0, total, 1)[..., None], lse
+
+
+def _tile_forward(q, k, v, beta, mask, dtype):
+    return _finalize(_block_stats(q, k, v, beta, mask, dtype))
 
 
 def _tile_backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype):
@@ -254,6 +278,68 @@ def _backward_tiled(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, tile):
     return lax.map(one, (q, k, v, beta, None if shared_mask else mask, lse, delta, g_out, g_lse))
 
 
+def _key_chunks(k, v, mask, chunk):
+    """Keys, values and mask in blocks of `chunk` keys along m, leading: [T, ...]. Padded keys
+    are masked out."""
+    m = k.shape[-2]
+    blocks = -(-m // chunk)
+    pad = blocks * chunk - m
+
+    def split(x, axis):
+        x = jnp.pad(x, [(0, 0)] * (x.ndim + axis) + [(0, pad)] + [(0, 0)] * (-axis - 1))
+        x = x.reshape(*x.shape[: x.ndim + axis], blocks, chunk, *x.shape[x.ndim + axis + 1 :])
+        return jnp.moveaxis(x, x.ndim + axis - 1, 0)
+
+    mask = jnp.ones((1, 1, m), bool) if mask is None else mask
+    return split(k, -2), split(v, -2), split(mask, -1)  # padding keys get mask False
+
+
+def _forward_chunked(q, k, v, beta, mask, dtype, chunk):
+    kb, vb, mb = _key_chunks(k, v, mask, chunk)
+    dv = v.shape[-1]
+    init = (
+        jnp.full(q.shape[:-1], -jnp.inf, dtype),
+        jnp.zeros(q.shape[:-1], dtype),
+        jnp.zeros(q.shape[:-1] + (dv,), dtype),
+    )
+
+    def step(stats, block):
+        kc, vc, mc = block
+        return _merge_stats(stats, _block_stats(q, kc, vc, beta, mc, dtype)), None
+
+    return _finalize(lax.scan(step, init, (kb, vb, mb))[0])
+
+
+def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chunk):
+    # Per block of keys, `_tile_backward` gives that block's dk, dv and its share of dq, dbeta.
+    kb, vb, mb = _key_chunks(k, v, mask, chunk)
+
+    def step(carry, block):
+        dq, dbeta = carry
+        kc, vc, mc = block
+        dq_c, dk_c, dv_c, dbeta_c = _tile_backward(
+            q, kc, vc, beta, mc, lse, delta, g_out, g_lse, dtype
+        )
+        return (dq + dq_c, dbeta + dbeta_c), (dk_c, dv_c)
+
+    init = (jnp.zeros(q.shape, dtype), jnp.zeros(beta.shape, dtype))
+    (dq, dbeta), (dk, dv) = lax.scan(step, init, (kb, vb, mb))
+    m = k.shape[-2]
+
+    def unblock(x):  # [T, B, chunk, f] -> [B, m, f]
+        x = jnp.moveaxis(x, 0, -3)
+        return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :m, :]
+
+    return dq, unblock(dk), unblock(dv), dbeta
+
+
+def _chunk_for(n: int, m: int, chunk_size: int | None) -> int | None:
+    """Keys per block for the chunked path, or None for a single pass."""
+    if chunk_size is None and n * m >= _CHUNK_AUTO_LOGITS:
+        chunk_size = _CHUNK_DEFAULT
+    return None if chunk_size is None or chunk_size >= m else chunk_size
+
+
 def _tile_rows(m: int, budget: int) -> int | None:
     """Queries per tile for `m` keys and a logits budget (a power of two in [32, 1024])."""
     rows = 1 << max(5, min(10, (budget // max(m, 1)).bit_length() - 1))
@@ -267,9 +353,11 @@ def _use_tiles(q, k, budget) -> int | None:
     return rows if n > rows and n * m >= _TILE_MIN_LOGITS else None
 
 
-def _forward(q, k, v, beta, mask):
+def _forward(q, k, v, beta, mask, chunk):
     dtype = _compute_dtype(q.dtype, k.dtype, v.dtype)
     beta = beta.astype(dtype)
+    if chunk is not None:
+        return _forward_chunked(q, k, v, beta, mask, dtype, chunk)
     one_shot = ft.partial(_tile_forward, dtype=dtype)
     rows = _use_tiles(q, k, _TILE_LOGITS_FORWARD)
     if rows is None:
@@ -278,19 +366,19 @@ def _forward(q, k, v, beta, mask):
     return lax.platform_dependent(q, k, v, beta, mask, cpu=tiled, default=one_shot)
 
 
-@jax.custom_vjp
-def _attention_core(q, k, v, beta, mask):
-    out, lse = _forward(q, k, v, beta, mask)
+@ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention_core(q, k, v, beta, mask, chunk):
+    out, lse = _forward(q, k, v, beta, mask, chunk)
     return out.astype(v.dtype), lse.astype(v.dtype)
 
 
-def _core_fwd(q, k, v, beta, mask):
-    out, lse = _forward(q, k, v, beta, mask)
+def _core_fwd(q, k, v, beta, mask, chunk):
+    out, lse = _forward(q, k, v, beta, mask, chunk)
     res = (q, k, v, beta, mask, out, lse)
     return (out.astype(v.dtype), lse.astype(v.dtype)), res
 
 
-def _core_bwd(res, cotangents):
+def _core_bwd(chunk, res, cotangents):
     q, k, v, beta, mask, out, lse = res
     g_out, g_lse = cotangents
     dtype = out.dtype
@@ -299,7 +387,9 @@ def _core_bwd(res, cotangents):
     args = (q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse)
     one_shot = ft.partial(_tile_backward, dtype=dtype)
     rows = _use_tiles(q, k, _TILE_LOGITS_BACKWARD)
-    if rows is not None:
+    if chunk is not None:
+        dq, dk, dv, dbeta = _backward_chunked(*args, dtype=dtype, chunk=chunk)
+    elif rows is not None:
         tiled = ft.partial(_backward_tiled, dtype=dtype, tile=rows)
         dq, dk, dv, dbeta = lax.platform_dependent(*args, cpu=tiled, default=one_shot)
     else:
@@ -323,6 +413,7 @@ def attention_with_lse(
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    chunk_size: int | None = None,
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""Softmax attention and the log-normalizer of every query, in one pass.
 
@@ -347,6 +438,10 @@ def attention_with_lse(
     - `beta`: inverse temperature $\beta > 0$: a number or an array that broadcasts to the batch
       axes `[...]` (e.g. shape `[heads]` for inputs `[..., heads, n, d]`). Differentiable.
     - `mask`: boolean, `True` where query $i$ may attend to key $j$; broadcasts to `[..., n, m]`.
+    - `chunk_size`: process the keys in blocks of this many with a running (max, sum-exp, weighted
+      sum) (online softmax), forward and backward, so memory is $O(n \cdot \mathrm{chunk})$ rather
+      than $O(nm)$. `None` picks it automatically: chunks of 1024 keys above $2^{26}$ logits per
+      batch element, otherwise a single pass. Results equal the single pass to round-off.
 
     Leading (batch) axes of all arguments broadcast against each other.
 
@@ -360,6 +455,8 @@ def attention_with_lse(
     beta = jnp.asarray(beta)
     mask = None if mask is None else jnp.asarray(mask)
     batch = _check_inputs(queries, keys, values, beta, mask)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"`chunk_size` must be a positive int or None; got {chunk_size!r}.")
     (n, d), (m, dv) = queries.shape[-2:], values.shape[-2:]
     dtype = jnp.result_type(queries, keys, values)
     B = int(np.prod(batch, dtype=np.int64))
@@ -376,5 +473,5 @@ def attention_with_lse(
             mask = jnp.broadcast_to(mask, batch + (mask_n, m)).reshape(B, mask_n, m)
         else:
             mask = jnp.broadcast_to(mask, (mask_n, m)).reshape(1, mask_n, m)
-    out, lse = _attention_core(q, k, v, b, mask)
+    out, lse = _attention_core(q, k, v, b, mask, _chunk_for(n, m, chunk_size))
     return out.reshape(batch + (n, dv)), lse.reshape(batch + (n,))

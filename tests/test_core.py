@@ -35,24 +35,32 @@ def _assert_matches(out, lse, ref_out, ref_lse, tol):
     np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("path", ["one-shot", "tiled"])
-@pytest.mark.parametrize("shapes", SHAPES)
-def test_matches_reference(rng, request, path, shapes):
+PATHS = ["one-shot", "tiled", "chunked"]
+
+
+def _path(request, path):
+    """Extra keyword arguments (and fixtures) that select a path of the core."""
     if path == "tiled":
         request.getfixturevalue("tiny_tiles")
+    return {"chunk_size": 3} if path == "chunked" else {}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shapes", SHAPES)
+def test_matches_reference(rng, request, path, shapes):
+    extra = _path(request, path)
     q, k, v, beta, mask = _inputs(rng, *shapes)
-    out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+    out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, **extra)
     ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, mask)
     assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
     assert out.dtype == jnp.float64 and lse.dtype == jnp.float64
     _assert_matches(out, lse, ref_out, ref_lse, 1e-12)
 
 
-@pytest.mark.parametrize("path", ["one-shot", "tiled"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shapes", [SHAPES[1], SHAPES[2], SHAPES[3], SHAPES[5]])
 def test_gradients_match_finite_differences(rng, request, path, shapes):
-    if path == "tiled":
-        request.getfixturevalue("tiny_tiles")
+    extra = _path(request, path)
     q, k, v, beta, mask = _inputs(rng, *shapes)
     if mask is not None:
         mask[..., 0] = True  # keep every lse finite so the loss below is smooth
@@ -60,7 +68,7 @@ def test_gradients_match_finite_differences(rng, request, path, shapes):
     w = rng.normal(size=c.shape[:-1])
 
     def loss(q, k, v, beta):
-        out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+        out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, **extra)
         return jnp.sum(out * c) + jnp.sum(jnp.tanh(lse) * w)
 
     check_grads(loss, (q, k, v, beta), order=2, modes=["rev"], atol=1e-6, rtol=1e-6, eps=1e-5)
@@ -88,16 +96,15 @@ def test_tiled_and_one_shot_agree_in_float32(rng, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("path", ["one-shot", "tiled"])
+@pytest.mark.parametrize("path", PATHS)
 def test_fully_masked_rows(rng, request, path):
-    if path == "tiled":
-        request.getfixturevalue("tiny_tiles")
+    extra = _path(request, path)
     q, k, v, beta, mask = _inputs(rng, (2, 40, 4), (2, 33, 4), (2, 33, 3), (), (2, 40, 33))
     mask[0, 5] = False
     mask[1, :] = False  # a whole batch element sees nothing
 
     def f(q, k, v, beta):
-        return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+        return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, **extra)
 
     out, lse = f(q, k, v, beta)
     assert np.all(np.isneginf(lse[0, 5])) and np.all(np.isneginf(lse[1]))
@@ -115,6 +122,54 @@ def test_fully_masked_rows(rng, request, path):
         assert np.all(np.isfinite(g))
     assert np.all(grads[0][0, 5] == 0) and np.all(grads[0][1] == 0)
     assert np.all(grads[1][1] == 0) and np.all(grads[2][1] == 0)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 45, 64])
+def test_chunked_equals_single_pass_in_float32(rng, chunk):
+    # m = 45 is not a multiple of most chunk sizes; masks per batch element and per query
+    q, k, v, beta, mask = _inputs(
+        rng, (2, 30, 8), (2, 45, 8), (2, 45, 6), (2,), (2, 30, 45), np.float32
+    )
+    mask[0, 3] = False
+
+    def run(**kw):
+        f = lambda q, k, v: eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, **kw)  # noqa: E731
+        g = jax.grad(
+            lambda *a: (
+                jnp.sum(jnp.sin(f(*a)[0]))
+                + jnp.sum(jnp.where(jnp.isfinite(f(*a)[1]), f(*a)[1], 0.0))
+            ),
+            argnums=(0, 1, 2),
+        )
+        return f(q, k, v), g(q, k, v)
+
+    for a, b in zip(jax.tree.leaves(run()), jax.tree.leaves(run(chunk_size=chunk))):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_chunked_low_precision(rng):
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 16, 8)) * 4, jnp.bfloat16) for _ in range(3))
+    single = eqattn.attention_with_lse(q, k, v)
+    chunked = eqattn.attention_with_lse(q, k, v, chunk_size=5)
+    assert chunked[0].dtype == jnp.bfloat16 and chunked[1].dtype == jnp.bfloat16
+    for a, b in zip(single, chunked):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2, atol=2e-2
+        )
+
+
+def test_chunked_path_selection():
+    import eqattn._core as core
+
+    assert core._chunk_for(4096, 4096, None) is None
+    assert core._chunk_for(8192, 8192, None) == core._CHUNK_DEFAULT  # 2^26 logits
+    assert core._chunk_for(100, 50, 16) == 16
+    assert core._chunk_for(100, 50, 64) is None  # one block: a single pass
+    q = jnp.ones((1, 40, 4))
+    lowered = jax.jit(lambda q: eqattn.attention_with_lse(q, q, chunk_size=16)[1]).lower(q)
+    assert "while" in lowered.as_text()  # a scan over blocks of keys
+    with pytest.raises(ValueError, match="`chunk_size` must be a positive int"):
+        eqattn.attention_with_lse(q, q, chunk_size=0)
 
 
 def test_no_keys():
