@@ -161,15 +161,33 @@ def test_chunked_low_precision(rng):
 def test_chunked_path_selection():
     import eqattn._core as core
 
-    assert core._chunk_for(4096, 4096, None) is None
-    assert core._chunk_for(8192, 8192, None) == core._CHUNK_DEFAULT  # 2^26 logits
-    assert core._chunk_for(100, 50, 16) == 16
-    assert core._chunk_for(100, 50, 64) is None  # one block: a single pass
+    assert core._chunk_for(4096, 4096, None) == (None, False)
+    # 2^26 logits: chunks, taken off CPU only (CPU keeps its query tiles)
+    assert core._chunk_for(8192, 8192, None) == (core._CHUNK_DEFAULT, False)
+    assert core._chunk_for(100, 50, 16) == (16, True)
+    assert core._chunk_for(100, 50, 64) == (None, False)  # one block: a single pass
     q = jnp.ones((1, 40, 4))
     lowered = jax.jit(lambda q: eqattn.attention_with_lse(q, q, chunk_size=16)[1]).lower(q)
     assert "while" in lowered.as_text()  # a scan over blocks of keys
     with pytest.raises(ValueError, match="`chunk_size` must be a positive int"):
         eqattn.attention_with_lse(q, q, chunk_size=0)
+
+
+def test_automatic_chunking_traces_both_platform_branches(rng, monkeypatch):
+    # With tiny thresholds the CPU tiles and the (off-CPU) chunks are both traced; CPU runs tiles.
+    import eqattn._core as core
+
+    monkeypatch.setattr(core, "_CHUNK_AUTO_LOGITS", 100)
+    monkeypatch.setattr(core, "_CHUNK_DEFAULT", 8)
+    monkeypatch.setattr(core, "_TILE_LOGITS_FORWARD", 32)
+    monkeypatch.setattr(core, "_TILE_LOGITS_BACKWARD", 32)
+    monkeypatch.setattr(core, "_TILE_MIN_LOGITS", 0)
+    q, k, v, beta, mask = _inputs(rng, (2, 40, 4), (2, 30, 4), (2, 30, 3), (2,), (2, 40, 30))
+    out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+    ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, mask)
+    _assert_matches(out, lse, ref_out, ref_lse, 1e-12)
+    g = jax.grad(lambda q: jnp.sum(eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)[0]))(q)
+    assert np.all(np.isfinite(g))
 
 
 def test_no_keys():
