@@ -11,6 +11,7 @@ from ._attention import (
 )
 from ._core import attention_with_lse as attention_with_lse
 from ._hopfield import hopfield_energy as hopfield_energy, hopfield_update as hopfield_update
+from ._implementation import select_implementation as select_implementation
 from ._measures import (
     AbstractCarrier as AbstractCarrier,
     Discrete as Discrete,

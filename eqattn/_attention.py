@@ -10,7 +10,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._core import attention_with_lse
+from ._core import Implementation, attention_with_lse, check_inputs
+from ._implementation import cudnn_attention, select_implementation
 
 
 def log_normalizer(
@@ -19,6 +20,8 @@ def log_normalizer(
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    chunk_size: int | None = None,
+    implementation: Implementation = "auto",
 ) -> Float[Array, "*batch n"]:
     r"""Log-normalizer of the discrete exponential family on the keys, one per query:
 
@@ -32,7 +35,15 @@ def log_normalizer(
     keys = jnp.asarray(keys)
     # Zero-width values: the core then does no output matmul, only the log-sum-exp.
     no_values = jnp.zeros(keys.shape[:-1] + (0,), keys.dtype)
-    return attention_with_lse(queries, keys, no_values, beta=beta, mask=mask)[1]
+    return attention_with_lse(
+        queries,
+        keys,
+        no_values,
+        beta=beta,
+        mask=mask,
+        chunk_size=chunk_size,
+        implementation=implementation,
+    )[1]
 
 
 def attention(
@@ -42,16 +53,38 @@ def attention(
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    chunk_size: int | None = None,
+    implementation: Implementation = "auto",
 ) -> Float[Array, "*batch n dv"]:
     r"""Softmax attention, $\mathrm{out}_i = \sum_j \mathrm{softmax}_j(\beta\, q_i\cdot k_j)\, v_j$.
 
     With `values=None` (values = keys) this is the mean of the exponential family tilted by
     $q_i$, $\frac{1}{\beta}\nabla_{q_i} A(q_i)$ (see [`eqattn.log_normalizer`][]).
-    Arguments as in [`eqattn.attention_with_lse`][]; a fully masked query gets 0.
+    Arguments as in [`eqattn.attention_with_lse`][]; a fully masked query gets 0. Here
+    `implementation` may also be `"cudnn"`: cuDNN's fused flash attention on NVIDIA GPUs, which
+    `"auto"` picks when it can run the inputs (bf16/fp16, $d = d_v \le 128$, $8 \mid d$, no mask);
+    see [`eqattn.select_implementation`][].
 
     **Returns:** `[..., n, dv]`.
     """
-    return attention_with_lse(queries, keys, values, beta=beta, mask=mask)[0]
+    queries, keys = jnp.asarray(queries), jnp.asarray(keys)
+    values = keys if values is None else jnp.asarray(values)
+    mask = None if mask is None else jnp.asarray(mask)
+    check_inputs(queries, keys, values, jnp.asarray(beta), mask)
+    impl = select_implementation(
+        queries, keys, values, mask=mask, implementation=implementation, chunk_size=chunk_size
+    )
+    if impl == "cudnn":
+        return cudnn_attention(queries, keys, values, beta=jnp.asarray(beta), mask=mask)
+    return attention_with_lse(
+        queries,
+        keys,
+        values,
+        beta=beta,
+        mask=mask,
+        chunk_size=chunk_size,
+        implementation=implementation,
+    )[0]
 
 
 def split_heads(x: Float[ArrayLike, "*batch n hd"], num_heads: int) -> Float[Array, "*batch h n d"]:

@@ -12,12 +12,16 @@ weights in the backward pass, so no `n x m` array is kept between the two passes
 from __future__ import annotations
 
 import functools as ft
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Bool, Float
+
+Implementation = Literal["auto", "xla", "chunked", "cudnn"]
+IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn")
 
 # On CPU the softmax (exp, max, sum over n x m logits) dominates, not the matmuls, and XLA does it
 # in several passes over memory. Working one batch element and a tile of queries at a time keeps the
@@ -36,12 +40,25 @@ _CHUNK_AUTO_LOGITS = 1 << 26
 _CHUNK_DEFAULT = 1024
 
 
+def check_implementation(implementation, need_lse: bool) -> None:
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"`implementation` must be one of {', '.join(map(repr, IMPLEMENTATIONS))}; "
+            f"got {implementation!r}."
+        )
+    if need_lse and implementation == "cudnn":
+        raise ValueError(
+            "`implementation='cudnn'` returns no log-sum-exp: use it with `eqattn.attention`, "
+            "or pick 'auto', 'xla' or 'chunked' for the log-sum-exp."
+        )
+
+
 def _compute_dtype(*dtypes) -> jnp.dtype:
     """Softmax and accumulation dtype: at least float32 (bf16/fp16 inputs are upcast)."""
     return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
 
 
-def _is_concrete(x) -> bool:
+def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
@@ -62,7 +79,7 @@ def _broadcast_batch(**arrays) -> tuple[int, ...]:
         ) from None
 
 
-def _check_inputs(queries, keys, values, beta, mask):
+def check_inputs(queries, keys, values, beta, mask):
     """Trace-time validation. Returns the broadcast batch shape."""
     for name, a in (("queries", queries), ("keys", keys), ("values", values)):
         if jnp.ndim(a) < 2:
@@ -99,7 +116,7 @@ def _check_inputs(queries, keys, values, beta, mask):
             "(e.g. shape [heads] for inputs [..., heads, tokens, features]); "
             f"got shape {beta_shape}."
         )
-    if _is_concrete(beta) and not np.all(np.asarray(beta) > 0):
+    if is_concrete(beta) and not np.all(np.asarray(beta) > 0):
         raise ValueError(f"`beta` (the inverse temperature) must be > 0; got {np.asarray(beta)}.")
 
     if mask is not None:
@@ -335,11 +352,17 @@ def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chun
     return dq, unblock(dk), unblock(dv), dbeta
 
 
-def _chunk_for(n: int, m: int, chunk_size: int | None) -> tuple[int | None, bool]:
-    """`(keys per block or None, whether it was asked for)`. An explicit `chunk_size` always takes
-    the chunked path; the automatic one (above `_CHUNK_AUTO_LOGITS`) only off CPU."""
-    if chunk_size is not None:
-        return (chunk_size, True) if chunk_size < m else (None, False)
+def chunk_spec(
+    n: int, m: int, chunk_size: int | None, implementation: str
+) -> tuple[int | None, bool]:
+    """`(keys per block or None, whether the chunked path is forced)`. `"chunked"` or an explicit
+    `chunk_size` force it; `"auto"` takes it (chunks of `_CHUNK_DEFAULT`) only off CPU above
+    `_CHUNK_AUTO_LOGITS` logits; `"xla"` never does."""
+    if implementation == "xla":
+        return None, False
+    if implementation == "chunked" or chunk_size is not None:
+        size = _CHUNK_DEFAULT if chunk_size is None else chunk_size
+        return (size, True) if size < m else (None, False)
     if n * m >= _CHUNK_AUTO_LOGITS and _CHUNK_DEFAULT < m:
         return _CHUNK_DEFAULT, False
     return None, False
@@ -427,6 +450,7 @@ def attention_with_lse(
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     chunk_size: int | None = None,
+    implementation: Implementation = "auto",
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""Softmax attention and the log-normalizer of every query, in one pass.
 
@@ -456,6 +480,9 @@ def attention_with_lse(
       than $O(nm)$. `None` picks automatically: on CPU, tiles of queries (memory
       $O(\mathrm{tile} \cdot m)$ per batch element); elsewhere, chunks of 1024 keys above $2^{26}$
       logits per batch element, else a single pass. Results equal the single pass to round-off.
+    - `implementation`: `"auto"` (as just described), `"xla"` (never chunked), or `"chunked"`
+      (blocks of `chunk_size`, default 1024, keys). cuDNN's fused kernel (`"cudnn"`) returns no
+      log-sum-exp: it is available through [`eqattn.attention`][].
 
     Leading (batch) axes of all arguments broadcast against each other.
 
@@ -468,7 +495,8 @@ def attention_with_lse(
     values = keys if values is None else jnp.asarray(values)
     beta = jnp.asarray(beta)
     mask = None if mask is None else jnp.asarray(mask)
-    batch = _check_inputs(queries, keys, values, beta, mask)
+    batch = check_inputs(queries, keys, values, beta, mask)
+    check_implementation(implementation, need_lse=True)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"`chunk_size` must be a positive int or None; got {chunk_size!r}.")
     (n, d), (m, dv) = queries.shape[-2:], values.shape[-2:]
@@ -487,5 +515,5 @@ def attention_with_lse(
             mask = jnp.broadcast_to(mask, batch + (mask_n, m)).reshape(B, mask_n, m)
         else:
             mask = jnp.broadcast_to(mask, (mask_n, m)).reshape(1, mask_n, m)
-    out, lse = _attention_core(q, k, v, b, mask, _chunk_for(n, m, chunk_size))
+    out, lse = _attention_core(q, k, v, b, mask, chunk_spec(n, m, chunk_size, implementation))
     return out.reshape(batch + (n, dv)), lse.reshape(batch + (n,))

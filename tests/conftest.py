@@ -1,6 +1,15 @@
-import jax
-import numpy as np
-import pytest
+import os
+
+# 8 CPU devices for the multi-device tests (before jax is imported; computations not sharded
+# explicitly still run on one device).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

@@ -161,14 +161,20 @@ def test_chunked_low_precision(rng):
 def test_chunked_path_selection():
     import eqattn._core as core
 
-    assert core._chunk_for(4096, 4096, None) == (None, False)
+    assert core.chunk_spec(4096, 4096, None, "auto") == (None, False)
     # 2^26 logits: chunks, taken off CPU only (CPU keeps its query tiles)
-    assert core._chunk_for(8192, 8192, None) == (core._CHUNK_DEFAULT, False)
-    assert core._chunk_for(100, 50, 16) == (16, True)
-    assert core._chunk_for(100, 50, 64) == (None, False)  # one block: a single pass
+    assert core.chunk_spec(8192, 8192, None, "auto") == (core._CHUNK_DEFAULT, False)
+    assert core.chunk_spec(8192, 8192, None, "xla") == (None, False)
+    assert core.chunk_spec(8192, 8192, None, "chunked") == (core._CHUNK_DEFAULT, True)
+    assert core.chunk_spec(100, 50, 16, "auto") == (16, True)
+    assert core.chunk_spec(100, 50, 16, "chunked") == (16, True)
+    assert core.chunk_spec(100, 50, 64, "auto") == (None, False)  # one block: a single pass
     q = jnp.ones((1, 40, 4))
-    lowered = jax.jit(lambda q: eqattn.attention_with_lse(q, q, chunk_size=16)[1]).lower(q)
-    assert "while" in lowered.as_text()  # a scan over blocks of keys
+    for kw in ({"chunk_size": 16}, {"chunk_size": 16, "implementation": "chunked"}):
+        lowered = jax.jit(lambda q, kw=kw: eqattn.attention_with_lse(q, q, **kw)[1]).lower(q)
+        assert "while" in lowered.as_text()  # a scan over blocks of keys
+    lowered = jax.jit(lambda q: eqattn.attention(q, q, implementation="xla")).lower(q)
+    assert "while" not in lowered.as_text()
     with pytest.raises(ValueError, match="`chunk_size` must be a positive int"):
         eqattn.attention_with_lse(q, q, chunk_size=0)
 

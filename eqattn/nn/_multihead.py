@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._attention import attention, merge_heads, split_heads
+from .._core import Implementation, check_implementation
 
 
 def check_dims(dim: int, num_heads: int, name: str = "dim") -> int:
@@ -48,6 +49,8 @@ class MultiHeadAttention(eqx.Module):
     r"""$\mathrm{MHA}(u, w) = W_o\,[\mathrm{attention}(u W_q^h, w W_k^h, w W_v^h;\ \beta_h)]_h$.
 
     The inverse temperatures are learned as $\log\beta_h$, initialized to $1/\sqrt{d_h}$.
+    `implementation` chooses the attention kernel (see [`eqattn.select_implementation`][]; `"auto"`
+    takes cuDNN's on a GPU for bf16/fp16 without a mask).
     Acts on one example: `queries [n, query_dim]`, `keys [m, key_dim]` -> `[n, out_dim]`.
     """
 
@@ -57,6 +60,7 @@ class MultiHeadAttention(eqx.Module):
     output_proj: eqx.nn.Linear | None
     log_beta: Float[Array, " heads"]
     num_heads: int = eqx.field(static=True)
+    implementation: str = eqx.field(static=True)
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class MultiHeadAttention(eqx.Module):
         output_projection: bool = True,
         use_bias: bool = False,
         beta: float | None = None,
+        implementation: Implementation = "auto",
         dtype=None,
     ):
         key_dim = query_dim if key_dim is None else key_dim
@@ -94,6 +99,8 @@ class MultiHeadAttention(eqx.Module):
             raise ValueError(f"`beta` must be > 0; got {beta}.")
         self.log_beta = jnp.full((num_heads,), math.log(beta), dtype=dtype)
         self.num_heads = num_heads
+        check_implementation(implementation, need_lse=False)
+        self.implementation = implementation
 
     @property
     def beta(self) -> Float[Array, " heads"]:
@@ -117,7 +124,9 @@ class MultiHeadAttention(eqx.Module):
         v = split_heads(
             jax.vmap(self.value_proj)(keys if values is None else values), self.num_heads
         )
-        out = merge_heads(attention(q, k, v, beta=self.beta, mask=mask))
+        out = merge_heads(
+            attention(q, k, v, beta=self.beta, mask=mask, implementation=self.implementation)
+        )
         return out if self.output_proj is None else jax.vmap(self.output_proj)(out)
 
     def association(self, queries, keys, *, mask=None) -> Float[Array, "heads n m"]:
