@@ -62,9 +62,9 @@ def time_interleaved(cases: dict[str, tuple], repeats: int = 10) -> dict[str, di
     }
 
 
-def matmul_rate(size: int = 2048, repeats: int = 10) -> float:
-    """Achieved FLOP/s of a float32 `size x size` matmul on the default device (the ceiling)."""
-    a = jax.random.normal(jax.random.key(0), (size, size), np.float32)
+def matmul_rate(size: int = 2048, repeats: int = 10, dtype=np.float32) -> float:
+    """Achieved FLOP/s of a `size x size` matmul on the default device (the ceiling)."""
+    a = jax.random.normal(jax.random.key(0), (size, size), dtype)
     t = time_jitted(lambda x, y: x @ y, a, a, repeats=repeats)["median_s"]
     return 2 * size**3 / t
 
@@ -93,10 +93,13 @@ def versions() -> dict[str, str]:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit, with "-dirty" when tracked files differ from it."""
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        run = lambda *a: subprocess.run(  # noqa: E731
+            ["git", *a], capture_output=True, text=True, check=True
         ).stdout.strip()
+        commit = run("rev-parse", "--short", "HEAD")
+        return commit + ("-dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 

@@ -28,9 +28,18 @@ def _naive(q, k, v, scale):
     return jnp.einsum("bhnm,bhmd->bhnd", w, v)
 
 
-def _implementations(scale):
+def _chunk(n: int) -> int:
+    return 1024 if n >= 4096 else n // 4
+
+
+def _implementations(scale, n, fused):
+    """(name, function, whether it takes the [b, n, h, d] layout)."""
+
     def ours(q, k, v):
         return eqattn.attention_with_lse(q, k, v, beta=scale)
+
+    def chunked(q, k, v):
+        return eqattn.attention_with_lse(q, k, v, beta=scale, chunk_size=_chunk(n))
 
     def xla(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="xla")
@@ -38,8 +47,22 @@ def _implementations(scale):
     def naive(q, k, v):
         return _naive(q, k, v, scale)
 
-    # (name, fn, layout transpose from [b, h, n, d])
-    return [("xla", xla, True), ("eqattn", ours, False), ("naive", naive, False)]
+    impls = [
+        ("xla", xla, True),
+        ("eqattn", ours, False),
+        ("eqattn-chunked", chunked, False),
+        ("naive", naive, False),
+    ]
+    if fused:  # a GPU and bf16: cuDNN's kernel, directly and as eqattn.attention's "auto" choice
+
+        def cudnn(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+
+        def ours_auto(q, k, v):
+            return eqattn.attention(q, k, v, beta=scale)
+
+        impls += [("cudnn", cudnn, True), ("eqattn.attention(auto)", ours_auto, False)]
+    return impls
 
 
 def _grad(fn):
@@ -51,49 +74,68 @@ def _grad(fn):
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
+def _configs(quick: bool):
+    """(dtype, sizes) to run: on CPU float32; on a GPU float32 and bfloat16, longer sequences."""
+    if quick:
+        return [(jnp.float32, [128, 256])]
+    if jax.default_backend() == "gpu":
+        return [(jnp.float32, [1024, 4096, 16384]), (jnp.bfloat16, [1024, 4096, 16384])]
+    return [(jnp.float32, [256, 1024, 2048])]
+
+
 def run(quick: bool = False) -> tuple[list[dict], dict]:
-    sizes = [128, 256] if quick else [256, 1024, 2048]
     repeats = 3 if quick else 10
-    rate = matmul_rate(512 if quick else 2048, repeats=repeats)
+    gpu = jax.default_backend() == "gpu"
     scale = DIM**-0.5
-    rows = []
-    for n in sizes:
-        keys = jax.random.split(jax.random.key(n), 4)
-        q, k, v, c = (jax.random.normal(key, (1, HEADS, n, DIM), jnp.float32) for key in keys)
-        flops = {"forward": 4 * n * n * DIM * HEADS, "forward+backward": 10 * n * n * DIM * HEADS}
-        cases = {}
-        for name, fn, transpose in _implementations(scale):
-            args = tuple(jnp.swapaxes(x, 1, 2) if transpose else x for x in (q, k, v, c))
-            cases[(name, "forward")] = (fn, *args[:3])
-            cases[(name, "forward+backward")] = (_grad(fn), *args)
-        timings = time_interleaved(cases, repeats=repeats)
-        for (name, mode), t in timings.items():
-            base = timings[("xla", mode)]["median_s"]
-            rows.append(
-                {
-                    "n": n,
-                    "mode": mode,
-                    "impl": name,
-                    "ms": 1e3 * t["median_s"],
-                    "ratio_to_xla": t["median_s"] / base,
-                    "gflops": flops[mode] / t["median_s"] / 1e9,
-                    "frac_matmul": flops[mode] / t["median_s"] / rate,
-                    "compile_s": t["compile_s"],
-                    "times_s": t["times_s"],
-                }
-            )
-    print(f"matmul rate: {rate / 1e9:.0f} GFLOP/s (float32)")
+    rows, rates = [], {}
+    for dtype, sizes in _configs(quick):
+        dname = jnp.dtype(dtype).name
+        rates[dname] = matmul_rate(512 if quick else (8192 if gpu else 2048), repeats, dtype)
+        for n in sizes:
+            keys = jax.random.split(jax.random.key(n), 4)
+            q, k, v, c = (jax.random.normal(key, (1, HEADS, n, DIM), dtype) for key in keys)
+            flops = {
+                "forward": 4 * n * n * DIM * HEADS,
+                "forward+backward": 10 * n * n * DIM * HEADS,
+            }
+            cases = {}
+            for name, fn, transpose in _implementations(scale, n, gpu and dtype == jnp.bfloat16):
+                args = tuple(jnp.swapaxes(x, 1, 2) if transpose else x for x in (q, k, v, c))
+                cases[(name, "forward")] = (fn, *args[:3])
+                cases[(name, "forward+backward")] = (_grad(fn), *args)
+            timings = time_interleaved(cases, repeats=repeats)
+            for (name, mode), t in timings.items():
+                base = timings[("xla", mode)]["median_s"]
+                rows.append(
+                    {
+                        "dtype": dname,
+                        "n": n,
+                        "mode": mode,
+                        "impl": name,
+                        "chunk": _chunk(n) if name == "eqattn-chunked" else None,
+                        "ms": 1e3 * t["median_s"],
+                        "ratio_to_xla": t["median_s"] / base,
+                        "gflops": flops[mode] / t["median_s"] / 1e9,
+                        "frac_matmul": flops[mode] / t["median_s"] / rates[dname],
+                        "compile_s": t["compile_s"],
+                        "times_s": t["times_s"],
+                    }
+                )
+    for dname, rate in rates.items():
+        print(f"matmul rate: {rate / 1e9:.0f} GFLOP/s ({dname})")
     print_table(
         rows,
         [
+            ("dtype", "dtype", "s"),
             ("n", "n=m", "d"),
             ("mode", "mode", "s"),
             ("impl", "impl", "s"),
-            ("ms", "ms", ".2f"),
+            ("ms", "ms", ".3f"),
             ("ratio_to_xla", "x xla", ".2f"),
             ("gflops", "GFLOP/s", ".1f"),
             ("frac_matmul", "of matmul", ".0%"),
             ("compile_s", "compile s", ".2f"),
         ],
     )
-    return rows, {"matmul_gflops": rate / 1e9, "heads": HEADS, "dim": DIM}
+    extra = {"matmul_gflops": {k: r / 1e9 for k, r in rates.items()}, "heads": HEADS, "dim": DIM}
+    return rows, extra

@@ -1,29 +1,34 @@
 """The benchmark runner works end to end at small sizes (timings are not checked here)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.__main__ import SUITES
+
 ROOT = Path(__file__).parent.parent
 
 
 @pytest.mark.slow
 def test_quick_benchmarks_run(tmp_path):
+    # Every suite (the default), on 2 CPU devices so the multi-device rows run too.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "core", "deq", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     files = sorted(p.name for p in tmp_path.glob("*.json"))
-    assert any(f.startswith("core-quick") for f in files) and any(
-        f.startswith("deq-quick") for f in files
-    )
+    for suite in SUITES:
+        assert any(f.startswith(f"{suite}-quick") for f in files), (suite, files)
     for path in tmp_path.glob("*.json"):
         payload = json.loads(path.read_text())
         assert payload["rows"] and payload["device"]["platform"] and payload["versions"]["jax"]
@@ -32,3 +37,15 @@ def test_quick_benchmarks_run(tmp_path):
     for row in deq["rows"]:
         if "JacobianFree" not in row["method"]:
             assert row["grad_norm_rel_diff"] < 1e-3, row
+    memory = json.loads(next(tmp_path.glob("memory-quick*.json")).read_text())
+    implicit = [r["temp_mb"] for r in memory["rows"] if r.get("case") == "implicit"]
+    unrolled = [r["temp_mb"] for r in memory["rows"] if r.get("case") == "unrolled"]
+    assert implicit[0] == implicit[-1] and unrolled[-1] > unrolled[0]  # flat vs growing
+    scaling = json.loads(next(tmp_path.glob("scaling-quick*.json")).read_text())
+    assert [r["devices"] for r in scaling["rows"] if r["part"] == "devices"] == [1, 2]
+
+    pytest.importorskip("matplotlib")
+    from benchmarks.plot import main as plot
+
+    plot(["--results", str(tmp_path), "--out", str(tmp_path / "plots")])
+    assert len(list((tmp_path / "plots").glob("*.png"))) == len(SUITES)

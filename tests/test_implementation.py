@@ -109,8 +109,11 @@ def test_cpu_dispatch_never_reaches_cudnn():
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
     """Run eqattn's cuDNN wrapper with `jax.nn.dot_product_attention(implementation="xla")`, so
-    its layout, beta folding and masking are checked on any machine."""
+    its layout, beta folding and masking are checked on any machine (in full float32 precision,
+    also on GPUs, where float32 matmuls default to tf32)."""
     monkeypatch.setattr(impl, "_FUSED", "xla")
+    with jax.default_matmul_precision("float32"):
+        yield
 
 
 SHAPES = [

@@ -247,3 +247,26 @@ def test_bad_shapes_and_options(getkey):
         hop(jnp.ones((3, 8)), jnp.ones((5, 8)))
     with pytest.raises(ValueError, match="`padding_mask`"):
         hop(jnp.ones((3, 8)), jnp.ones((5, 6)), padding_mask=jnp.ones(4, bool))
+
+
+def test_explicit_transformer_baseline(getkey):
+    x = jax.random.normal(getkey(), (7, 6))
+    model = enn.Transformer(3, 16, 2, 3, key=getkey(), in_features=6, max_len=8, pooling="cls")
+    assert len(model.blocks) == 3 and model(x).shape == (3,)
+    # a block is DEQBlock's map without the injection: same weights, zero injection
+    deq = enn.DEQBlock(16, 2, key=getkey())
+    block = eqx.tree_at(
+        lambda b: (b.attention, b.mlp_in, b.mlp_out),
+        model.blocks[0],
+        (deq.attention, deq.mlp_in, deq.mlp_out),
+    )
+    z = jax.random.normal(getkey(), (7, 16))
+    np.testing.assert_allclose(block(z), deq.step(z, jnp.zeros_like(z)), rtol=1e-6, atol=1e-6)
+    tokens = enn.Transformer(5, 8, 2, 1, key=getkey(), vocab_size=11, pooling="none")
+    assert tokens(jnp.arange(4)).shape == (4, 5)
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(model)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+    with pytest.raises(ValueError, match="`depth` must be >= 1"):
+        enn.Transformer(3, 16, 2, 0, key=getkey(), in_features=6)
+    with pytest.raises(ValueError, match=r"`x` must have shape \[n, 6\]"):
+        model(jnp.ones((7, 5)))

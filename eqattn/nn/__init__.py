@@ -10,3 +10,4 @@ from ._hopfield import (
 from ._implicit import ImplicitAttention as ImplicitAttention
 from ._layer import AbstractEquilibriumLayer as AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention as MultiHeadAttention
+from ._transformer import Transformer as Transformer, TransformerBlock as TransformerBlock

@@ -9,8 +9,6 @@ Equilibrium Models", 2019).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -24,8 +22,24 @@ from .._solve import (
 )
 from .._solve._equilibrium import Equilibrium
 from ._implicit import Norm, apply_norm, check_norm
+from ._io import Pooling, embed_tokens, init_io, read_out
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
+
+
+def block_map(block, z, injection=None, mask=None, drop=None):
+    """Attention and MLP sublayers with residuals and RN (post- or pre-norm); `block` has
+    `attention`, `mlp_in`, `mlp_out`, `norm` and `norm_first`."""
+    rn = lambda u: apply_norm(block.norm, u)  # noqa: E731
+    drop_attn, drop_mlp = (None, None) if drop is None else drop
+    a_in = rn(z) if block.norm_first else z
+    a = block.attention(a_in, a_in, mask=mask)
+    a = a if drop_attn is None else a * drop_attn
+    u = z + a if injection is None else z + a + injection
+    u = u if block.norm_first else rn(u)
+    h = jax.nn.gelu(jax.vmap(block.mlp_in)(rn(u) if block.norm_first else u))
+    h = h if drop_mlp is None else h * drop_mlp
+    return rn(u + jax.vmap(block.mlp_out)(h))
 
 
 def _dropout_mask(key, rate, shape, dtype):
@@ -96,16 +110,7 @@ class DEQBlock(AbstractEquilibriumLayer):
 
     def step(self, z, injection, mask=None, drop=None):
         """One application of the block's map (see the module docstring)."""
-        rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
-        drop_attn, drop_mlp = (None, None) if drop is None else drop
-        a_in = rn(z) if self.norm_first else z
-        a = self.attention(a_in, a_in, mask=mask)
-        a = a if drop_attn is None else a * drop_attn
-        u = z + a + injection
-        u = u if self.norm_first else rn(u)
-        h = jax.nn.gelu(jax.vmap(self.mlp_in)(rn(u) if self.norm_first else u))
-        h = h if drop_mlp is None else h * drop_mlp
-        return rn(u + jax.vmap(self.mlp_out)(h))
+        return block_map(self, z, injection, mask, drop)
 
     def equilibrium(
         self,
@@ -139,9 +144,6 @@ class DEQBlock(AbstractEquilibriumLayer):
         return self.equilibrium(
             x, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps
         ).value
-
-
-Pooling = Literal["mean", "cls", "none"]
 
 
 class DEQTransformer(eqx.Module):
@@ -185,44 +187,13 @@ class DEQTransformer(eqx.Module):
         dtype=None,
         **block_kwargs,
     ):
-        if (vocab_size is None) == (in_features is None):
-            raise ValueError("give exactly one of `vocab_size` (integer tokens) and `in_features`.")
-        if pooling not in ("mean", "cls", "none"):
-            raise ValueError(f"`pooling` must be 'mean', 'cls' or 'none'; got {pooling!r}.")
         ke, kp, kc, kb, kh = jax.random.split(key, 5)
-        if vocab_size is not None:
-            self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke, dtype=dtype)
-        else:
-            self.embed = eqx.nn.Linear(in_features, dim, key=ke, dtype=dtype)
-        self.positions = 0.02 * jax.random.normal(
-            kp, (max_len + 1, dim), dtype or jnp.result_type(float)
-        )
-        self.cls_token = (
-            0.02 * jax.random.normal(kc, (dim,), dtype or jnp.result_type(float))
-            if pooling == "cls"
-            else None
+        self.embed, self.positions, self.cls_token, self.final_norm, self.head = init_io(
+            (ke, kp, kc, kh), num_outputs, dim, vocab_size, in_features, max_len, pooling, dtype
         )
         self.block = DEQBlock(dim, num_heads, key=kb, dtype=dtype, **block_kwargs)
-        self.final_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
-        self.head = eqx.nn.Linear(dim, num_outputs, key=kh, dtype=dtype)
         self.pooling = pooling
         self.max_len = max_len
-
-    def _tokens(self, x):
-        if isinstance(self.embed, eqx.nn.Embedding):
-            if jnp.ndim(x) != 1 or not jnp.issubdtype(jnp.result_type(x), jnp.integer):
-                raise ValueError(
-                    f"`x` must be integer tokens of shape [n]; got {jnp.result_type(x)}{list(jnp.shape(x))}."
-                )
-        elif jnp.ndim(x) != 2 or x.shape[-1] != self.embed.in_features:
-            raise ValueError(
-                f"`x` must have shape [n, {self.embed.in_features}]; got shape {jnp.shape(x)}."
-            )
-        if x.shape[0] > self.max_len:
-            raise ValueError(
-                f"`x` has {x.shape[0]} tokens; this model takes at most {self.max_len}."
-            )
-        return jax.vmap(self.embed)(x)
 
     def forward(
         self,
@@ -234,33 +205,12 @@ class DEQTransformer(eqx.Module):
         max_steps: int | None = None,
     ) -> tuple[Array, Equilibrium]:
         """Logits and the block's `Equilibrium`."""
-        h = self._tokens(x)
-        n = h.shape[0]
-        if padding_mask is not None:
-            padding_mask = jnp.asarray(padding_mask)
-            if padding_mask.shape != (n,) or padding_mask.dtype != jnp.bool_:
-                raise ValueError(
-                    f"`padding_mask` must be boolean of shape [{n}]; got "
-                    f"{padding_mask.dtype}{list(padding_mask.shape)}."
-                )
-        if self.cls_token is not None:
-            h = jnp.concatenate([self.cls_token[None], h])
-            if padding_mask is not None:
-                padding_mask = jnp.concatenate([jnp.ones(1, bool), padding_mask])
-        h = h + self.positions[: h.shape[0]]
+        h, padding_mask = embed_tokens(self, x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
         eq = self.block.equilibrium(
             h, mask=attn_mask, key=key, inference=inference, max_steps=max_steps
         )
-        z = jax.vmap(self.final_norm)(eq.value)
-        if self.pooling == "cls":
-            z = z[0]
-        elif self.pooling == "mean":
-            w = jnp.ones(z.shape[0]) if padding_mask is None else padding_mask.astype(z.dtype)
-            z = (w @ z) / jnp.maximum(jnp.sum(w), 1)
-        else:
-            return jax.vmap(self.head)(z), eq
-        return self.head(z), eq
+        return read_out(self, eq.value, padding_mask), eq
 
     def __call__(self, x, *, padding_mask=None, key=None, inference=False, max_steps=None):
         return self.forward(

@@ -1,0 +1,153 @@
+"""`python -m benchmarks.plot [--results DIR] [--out DIR]`: PNG plots from the suites' JSON files.
+
+One figure per results file (`<file>.png`), drawn from its rows alone. Needs matplotlib
+(`pip install -e ".[bench]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _series(rows, key, x, y):
+    out = defaultdict(list)
+    for r in rows:
+        if r.get(y) is not None:
+            out[key(r)].append((r[x], r[y]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _lines(ax, series, xlabel, ylabel, title, logx=True, logy=True):
+    for label, points in series.items():
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _core(fig, rows):
+    modes = ["forward", "forward+backward"]
+    axes = fig.subplots(1, 2)
+    for ax, mode in zip(axes, modes):
+        part = [r for r in rows if r["mode"] == mode]
+        series = _series(part, lambda r: f"{r['impl']} ({r.get('dtype', 'float32')})", "n", "ms")
+        _lines(ax, series, "n = m", "time (ms)", mode)
+
+
+def _memory(fig, rows):
+    axes = fig.subplots(1, 2)
+    core = [r for r in rows if r["part"] == "core"]
+    _lines(
+        axes[0],
+        _series(core, lambda r: r["case"], "n", "temp_mb"),
+        "n = m",
+        "temporary memory (MB)",
+        "core forward+backward",
+    )
+    solver = [r for r in rows if r["part"] == "solver"]
+    _lines(
+        axes[1],
+        _series(solver, lambda r: r["case"], "steps", "temp_mb"),
+        "solver steps",
+        "temporary memory (MB)",
+        "ImplicitAttention gradient",
+        logy=False,
+    )
+
+
+def _layers(fig, rows):
+    ax = fig.subplots()
+    _lines(
+        ax,
+        _series(rows, lambda r: r["model"], "n", "tokens_per_s"),
+        "tokens per example",
+        "training tokens / s",
+        "training step throughput",
+    )
+
+
+def _scaling(fig, rows):
+    axes = fig.subplots(1, 3)
+    for ax, (part, x, xlabel) in zip(
+        axes, [("batch", "batch", "batch"), ("sequence", "n", "n = m")]
+    ):
+        sub = [r for r in rows if r["part"] == part]
+        _lines(ax, _series(sub, lambda r: r["dtype"], x, "ms"), xlabel, "fwd+bwd (ms)", part)
+    devices = [r for r in rows if r["part"] == "devices"]
+    if devices:
+        _lines(
+            axes[2],
+            _series(devices, lambda r: "DEQTransformer step", "devices", "examples_per_s"),
+            "devices",
+            "examples / s",
+            "data parallel",
+        )
+    else:
+        axes[2].set_axis_off()
+
+
+def _deq(fig, rows):
+    ax = fig.subplots()
+    names = [r["method"] for r in rows]
+    ax.barh(names, [r["forward_backward_ms"] for r in rows], label="forward+backward")
+    ax.barh(names, [r["forward_ms"] for r in rows], label="forward")
+    ax.set(xlabel="time (ms)", title="P1: every solver x adjoint")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7)
+    ax.tick_params(axis="y", labelsize=7)
+
+
+PLOTS = {"core": _core, "memory": _memory, "layers": _layers, "scaling": _scaling, "deq": _deq}
+
+
+def plot_file(path: Path, out_dir: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    payload = json.loads(path.read_text())
+    draw = PLOTS.get(payload["suite"].removesuffix("-quick"))
+    if draw is None or not payload["rows"]:
+        return None
+    fig = plt.figure(figsize=(12, 4.5), layout="constrained")
+    draw(fig, payload["rows"])
+    dev = payload["device"]
+    fig.suptitle(f"{path.stem}: {dev['device_kind']}, {payload['date'][:10]}", fontsize=9)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{path.stem}.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of JSON results")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for PNGs (default: results/plots)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit('benchmarks.plot needs matplotlib: pip install -e ".[bench]"') from None
+    out_dir = args.out or args.results / "plots"
+    for path in sorted(args.results.glob("*.json")):
+        out = plot_file(path, out_dir)
+        if out is not None:
+            print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

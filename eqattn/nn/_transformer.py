@@ -1,0 +1,111 @@
+r"""An explicit transformer: the baseline for the implicit models.
+
+`depth` untied blocks $z_{l+1} = B_l(z_l)$, each the map of [`eqattn.nn.DEQBlock`][] without the
+input injection (post-norm: $u = \mathrm{RN}(z + \mathrm{MHA}(z))$,
+$z' = \mathrm{RN}(u + \mathrm{MLP}(u))$), between the same embedding and read-out as
+[`eqattn.nn.DEQTransformer`][].
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from ._deq import block_map
+from ._implicit import Norm, check_norm
+from ._io import Pooling, embed_tokens, init_io, read_out
+from ._multihead import MultiHeadAttention, check_dims
+
+
+class TransformerBlock(eqx.Module):
+    """One explicit block: attention and MLP sublayers with residuals and RN."""
+
+    attention: MultiHeadAttention
+    mlp_in: eqx.nn.Linear
+    mlp_out: eqx.nn.Linear
+    norm_first: bool = eqx.field(static=True)
+    norm: str = eqx.field(static=True)
+
+    def __init__(
+        self, dim, num_heads, *, key, mlp_ratio=2.0, norm_first=False, norm="layer", dtype=None
+    ):
+        check_dims(dim, num_heads)
+        check_norm(norm)
+        hidden = max(1, int(round(mlp_ratio * dim)))
+        ka, k1, k2 = jax.random.split(key, 3)
+        self.attention = MultiHeadAttention(dim, num_heads, key=ka, dtype=dtype)
+        self.mlp_in = eqx.nn.Linear(dim, hidden, key=k1, dtype=dtype)
+        self.mlp_out = eqx.nn.Linear(hidden, dim, key=k2, dtype=dtype)
+        self.norm_first = norm_first
+        self.norm = norm
+
+    def __call__(self, z: Float[Array, "n dim"], *, mask=None) -> Float[Array, "n dim"]:
+        return block_map(self, z, mask=mask)
+
+
+class Transformer(eqx.Module):
+    """Embedding -> position embedding -> `depth` explicit blocks -> pooling -> head.
+
+    Arguments as [`eqattn.nn.DEQTransformer`][], plus `depth`; `mlp_ratio`, `norm_first` and
+    `norm` configure the blocks. `model(x, *, padding_mask=None)` returns logits.
+    """
+
+    embed: eqx.nn.Embedding | eqx.nn.Linear
+    positions: Float[Array, "max_len dim"]
+    cls_token: Float[Array, " dim"] | None
+    blocks: tuple[TransformerBlock, ...]
+    final_norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+    pooling: str = eqx.field(static=True)
+    max_len: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        num_outputs: int,
+        dim: int,
+        num_heads: int,
+        depth: int,
+        *,
+        key: PRNGKeyArray,
+        vocab_size: int | None = None,
+        in_features: int | None = None,
+        max_len: int = 512,
+        pooling: Pooling = "mean",
+        mlp_ratio: float = 2.0,
+        norm_first: bool = False,
+        norm: Norm = "layer",
+        dtype=None,
+    ):
+        if depth < 1:
+            raise ValueError(f"`depth` must be >= 1; got {depth}.")
+        keys = jax.random.split(key, depth + 4)
+        self.embed, self.positions, self.cls_token, self.final_norm, self.head = init_io(
+            keys[:4], num_outputs, dim, vocab_size, in_features, max_len, pooling, dtype
+        )
+        self.blocks = tuple(
+            TransformerBlock(
+                dim,
+                num_heads,
+                key=k,
+                mlp_ratio=mlp_ratio,
+                norm_first=norm_first,
+                norm=norm,
+                dtype=dtype,
+            )
+            for k in keys[4:]
+        )
+        self.pooling = pooling
+        self.max_len = max_len
+
+    def __call__(
+        self,
+        x: Int[Array, " n"] | Float[Array, "n f"],
+        *,
+        padding_mask: Bool[Array, " n"] | None = None,
+    ) -> Array:
+        h, padding_mask = embed_tokens(self, x, padding_mask)
+        attn_mask = None if padding_mask is None else padding_mask[None, :]
+        for block in self.blocks:
+            h = block(h, mask=attn_mask)
+        return read_out(self, h, padding_mask)
