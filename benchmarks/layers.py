@@ -2,7 +2,7 @@
 
 Models (classification of `n` tokens of width 64 into 10 classes, batch 16, float32, AdamW):
 - `DEQTransformer(dim=64, heads=4)`: one weight-tied block at equilibrium (Anderson, rtol 1e-3,
-  at most 30 steps; implicit backward).
+  at most 30 steps; implicit backward by Anderson to rtol 1e-4, best effort past 50 steps).
 - `Transformer(dim=64, heads=4, depth=1)`: the same block once, explicit (about equal parameters).
 - `Transformer(dim=32, heads=4, depth=4)`: four explicit blocks of half the width (about equal
   parameters, a comparable depth) -- the baseline of the ratios.
@@ -29,14 +29,29 @@ BATCH, FEATURES, CLASSES = 16, 64, 10
 MB = 2**20
 
 
+def deq_model(n, key):
+    """The DEQTransformer of these benchmarks. Its backward solve stops at rtol 1e-4 and keeps
+    its best effort past 50 steps: with float32 matmuls in tf32 (the GPU default) the default
+    adjoint's 1e-5 is not always reachable."""
+    return eqattn.nn.DEQTransformer(
+        CLASSES,
+        64,
+        4,
+        key=key,
+        in_features=FEATURES,
+        max_len=n,
+        solver=eqattn.Anderson(rtol=1e-3, max_steps=30),
+        adjoint=eqattn.ImplicitAdjoint(
+            linear_solver=eqattn.Anderson(rtol=1e-4, max_steps=50), throw=False
+        ),
+    )
+
+
 def _models(n):
     key = jax.random.key(0)
     common = dict(in_features=FEATURES, max_len=n)
-    solver = eqattn.Anderson(rtol=1e-3, max_steps=30)
     return {
-        "DEQTransformer d=64": eqattn.nn.DEQTransformer(
-            CLASSES, 64, 4, key=key, solver=solver, **common
-        ),
+        "DEQTransformer d=64": deq_model(n, key),
         "Transformer d=64 x1": eqattn.nn.Transformer(CLASSES, 64, 4, 1, key=key, **common),
         "Transformer d=32 x4": eqattn.nn.Transformer(CLASSES, 32, 4, 4, key=key, **common),
     }

@@ -21,7 +21,7 @@ import eqattn
 import eqattn.parallel
 
 from ._harness import print_table, time_jitted
-from .layers import _step_fn
+from .layers import _step_fn, deq_model
 
 HEADS, DIM = 8, 64
 
@@ -85,9 +85,7 @@ def _device_rows(quick, repeats):
     rows = []
     for count in counts:
         mesh = eqattn.parallel.data_mesh(devices=devices[:count])
-        model = eqattn.nn.DEQTransformer(
-            10, 64, 4, key=jax.random.key(0), in_features=64, max_len=n
-        )
+        model = deq_model(n, jax.random.key(0))
         step, params, state = _step_fn(model)
         batch = 8 * count
         x = jax.random.normal(jax.random.key(1), (batch, n, 64), jnp.float32)
