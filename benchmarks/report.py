@@ -1,0 +1,222 @@
+"""`python -m benchmarks.report [--results DIR]`: the README's performance tables, in Markdown,
+from the suites' JSON files (so every figure in the README comes from a results file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _load(results: Path, suite: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(results.glob(f"{suite}-*.json"))]
+
+
+def _source(payload) -> str:
+    dev, v = payload["device"], payload["versions"]
+    return (
+        f"{dev['device_kind']} ({dev['platform']}), jax {v.get('jax')}, {payload['date'][:10]}, "
+        f"commit {payload.get('git_commit')}"
+    )
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def core(payload) -> str:
+    rows = payload["rows"]
+    by = {(r.get("dtype", "float32"), r["n"], r["mode"], r["impl"]): r for r in rows}
+    out = []
+    for (dtype, n, mode, impl), r in by.items():
+        if impl != "xla":
+            continue
+        ours = by[(dtype, n, mode, "eqattn")]
+        fused = by.get((dtype, n, mode, "eqattn.attention(auto)"))
+        out.append(
+            [
+                dtype,
+                n,
+                mode,
+                f"{r['ms']:.3g}",
+                f"{ours['ms']:.3g} ({ours['ratio_to_xla']:.2f}x)",
+                f"{ours['frac_matmul']:.0%}",
+                "" if fused is None else f"{fused['ms']:.3g} ({fused['ratio_to_xla']:.2f}x)",
+            ]
+        )
+    return _table(
+        [
+            "dtype",
+            "n = m",
+            "mode",
+            "xla ms",
+            "eqattn ms (x xla)",
+            "eqattn % of matmul",
+            "eqattn.attention, auto (cuDNN) ms (x xla)",
+        ],
+        out,
+    )
+
+
+def memory(payload) -> str:
+    rows = payload["rows"]
+    core = [
+        r for r in rows if r["part"] == "core" and r["n"] == max(r["n"] for r in rows if "n" in r)
+    ]
+    t = {r["case"]: r for r in rows if r["part"] == "core-time"}
+    solver = [r for r in rows if r["part"] == "solver"]
+    long = [r for r in rows if r["part"] == "long-sequence"]
+    text = _table(
+        [
+            f"case (n = m = {core[0]['n']})",
+            "temp MB",
+            "of dense",
+            f"fwd+bwd ms at n = m = {next(iter(t.values()))['n']}",
+        ],
+        [
+            [
+                r["case"],
+                f"{r['temp_mb']:.1f}",
+                f"{r['of_dense']:.1%}",
+                f"{t[r['case']]['ms']:.3g}" if r["case"] in t else "",
+            ]
+            for r in core
+        ],
+    )
+    steps = sorted({r["steps"] for r in solver})
+    text += "\n\n" + _table(
+        ["backward"] + [f"{s} steps (MB)" for s in steps],
+        [
+            [case]
+            + [
+                f"{next(r['temp_mb'] for r in solver if r['case'] == case and r['steps'] == s):.2f}"
+                for s in steps
+            ]
+            for case in ("implicit", "unrolled")
+        ],
+    )
+    for r in long:
+        peak = r["device_peak_mb"] if r.get("device_peak_mb") else r["peak_rss_mb"]
+        where = "device peak" if r.get("device_peak_mb") else "process peak resident"
+        text += (
+            f"\n\nImplicitAttention training step on {r['tokens']} tokens (width {r['dim']}, "
+            f"{r['heads']} heads): {r['temp_mb']:.0f} MB temporary (compiled), {where} "
+            f"{peak:.0f} MB, {r['step_s']:.2f} s."
+        )
+    return text
+
+
+def deq(payload) -> str:
+    return _table(
+        [
+            "method",
+            "steps",
+            "rel. residual",
+            "fwd ms",
+            "x baseline",
+            "x floor",
+            "fwd+bwd ms",
+            "x baseline",
+            "grad norm",
+        ],
+        [
+            [
+                r["method"],
+                r["steps"],
+                f"{r['relative_residual']:.1e}",
+                f"{r['forward_ms']:.3g}",
+                f"{r['forward_ratio']:.2f}",
+                f"{r['forward_over_floor']:.2f}",
+                f"{r['forward_backward_ms']:.3g}",
+                f"{r['forward_backward_ratio']:.2f}",
+                f"{r['grad_norm']:.2f}",
+            ]
+            for r in payload["rows"]
+        ],
+    )
+
+
+def layers(payload) -> str:
+    return _table(
+        [
+            "tokens",
+            "model",
+            "params",
+            "step ms",
+            "x Transformer d=32 x4",
+            "tokens/s",
+            "temp MB",
+            "solver steps",
+        ],
+        [
+            [
+                r["n"],
+                r["model"],
+                r["params"],
+                f"{r['step_ms']:.3g}",
+                f"{r['ratio_to_baseline']:.2f}",
+                f"{r['tokens_per_s']:.3g}",
+                f"{r['temp_mb']:.1f}",
+                "" if r["solver_steps"] is None else f"{r['solver_steps']:.1f}",
+            ]
+            for r in payload["rows"]
+        ],
+    )
+
+
+def scaling(payload) -> str:
+    rows = payload["rows"]
+    fits = {}
+    for r in rows:
+        if r["part"] in ("batch", "sequence"):
+            fits[(r["part"], r["dtype"])] = (
+                r["fitted_exponent"],
+                r["n"] if r["part"] == "sequence" else r["batch"],
+            )
+    text = _table(
+        ["sweep", "dtype", "fitted exponent of time (three largest sizes)", "largest size"],
+        [[p, d, f"{e:.2f}", s] for (p, d), (e, s) in fits.items()],
+    )
+    devices = [r for r in rows if r["part"] == "devices"]
+    if devices:
+        text += "\n\n" + _table(
+            ["devices", "batch", "step ms", "examples/s", "x 1 device"],
+            [
+                [
+                    r["devices"],
+                    r["batch"],
+                    f"{r['ms']:.3g}",
+                    f"{r['examples_per_s']:.3g}",
+                    f"{r['speedup']:.2f}",
+                ]
+                for r in devices
+            ],
+        )
+    return text
+
+
+SECTIONS = {"core": core, "memory": memory, "deq": deq, "layers": layers, "scaling": scaling}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("suites", nargs="*", metavar="SUITE", help=f"of {', '.join(SECTIONS)}")
+    args = parser.parse_args(argv)
+    unknown = set(args.suites) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown suite(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    for suite in args.suites or SECTIONS:
+        for payload in _load(args.results, suite):
+            if payload["suite"].endswith("-quick"):
+                continue
+            print(f"### {suite}: {_source(payload)}\n")
+            print(SECTIONS[suite](payload) + "\n")
+
+
+if __name__ == "__main__":
+    main()
