@@ -69,6 +69,14 @@ def matmul_rate(size: int = 2048, repeats: int = 10, dtype=np.float32) -> float:
     return 2 * size**3 / t
 
 
+def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 10) -> float:
+    """Achieved bytes/s of an elementwise pass over a float32 array of `nbytes` on the default
+    device (read once, written once: `2 * nbytes` moved), the memory-bandwidth ceiling."""
+    x = jax.random.normal(jax.random.key(0), (nbytes // 4,), np.float32)
+    t = time_jitted(lambda a: a * 2.0, x, repeats=repeats)["median_s"]
+    return 2 * nbytes / t
+
+
 def device_description() -> dict[str, Any]:
     dev = jax.devices()[0]
     return {

@@ -9,6 +9,16 @@ FLOPs count the matmuls only: 4 n m d per head forward, 10 n m d forward+backwar
 attention accounting; eqattn's recomputation in the backward pass is not counted). The fraction is
 of a large float32 matmul's rate measured in the same run. The implementations are timed
 round-robin (one call of each per round), so their ratios compare calls made at the same moments.
+
+Bytes count the least memory traffic each case needs, a model (not a measurement): the inputs
+read and the outputs written once (forward: q, k, v, out and, for eqattn, the float32 lse;
+forward+backward: q, k, v, c, dq, dk, dv and the saved out/lse), plus, for the implementations
+that hold the `n x m` weights in memory (xla, naive and eqattn's single pass), one float32 write
+and read of that matrix per `n x m` array the pass makes (forward 1; forward+backward 3: the
+weights, the recomputed or saved weights, and their gradient). The fused kernels (chunked, cuDNN)
+keep those tiles on chip and move only the inputs and outputs. Achieved bytes/s is compared with
+an elementwise pass over a large array measured in the same run (the bandwidth ceiling); a case
+whose fraction of bandwidth exceeds its fraction of the matmul rate is limited by memory.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import jax.numpy as jnp
 
 import eqattn
 
-from ._harness import matmul_rate, print_table, time_interleaved
+from ._harness import copy_bandwidth, matmul_rate, print_table, time_interleaved
 
 HEADS, DIM = 8, 64
 
@@ -65,6 +75,23 @@ def _implementations(scale, n, fused):
     return impls
 
 
+_FUSED = ("eqattn-chunked", "cudnn", "eqattn.attention(auto)")
+
+
+def _bytes(impl: str, mode: str, n: int, itemsize: int) -> int:
+    """The least bytes a case moves (see the module docstring), for batch 1 and `HEADS` heads."""
+    vec = n * DIM * itemsize
+    lse = 4 * n if impl.startswith("eqattn") and impl != "eqattn.attention(auto)" else 0
+    if mode == "forward":
+        io = 4 * vec + lse  # q, k, v read; out written
+        nm_arrays = 1
+    else:  # q, k, v, c read; dq, dk, dv written; out (and lse) saved and read back
+        io = 7 * vec + 2 * (vec + lse)
+        nm_arrays = 3
+    nm = 0 if impl in _FUSED else nm_arrays * 2 * 4 * n * n
+    return HEADS * (io + nm)
+
+
 def _grad(fn):
     def loss(q, k, v, c):
         out = fn(q, k, v)
@@ -88,6 +115,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     gpu = jax.default_backend() == "gpu"
     scale = DIM**-0.5
     rows, rates = [], {}
+    bandwidth = copy_bandwidth(1 << 24 if quick else 1 << 28, repeats)
     for dtype, sizes in _configs(quick):
         dname = jnp.dtype(dtype).name
         rates[dname] = matmul_rate(512 if quick else (8192 if gpu else 2048), repeats, dtype)
@@ -106,6 +134,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             timings = time_interleaved(cases, repeats=repeats)
             for (name, mode), t in timings.items():
                 base = timings[("xla", mode)]["median_s"]
+                nbytes = _bytes(name, mode, n, jnp.dtype(dtype).itemsize)
                 rows.append(
                     {
                         "dtype": dname,
@@ -117,12 +146,16 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
                         "ratio_to_xla": t["median_s"] / base,
                         "gflops": flops[mode] / t["median_s"] / 1e9,
                         "frac_matmul": flops[mode] / t["median_s"] / rates[dname],
+                        "bytes": nbytes,
+                        "gbps": nbytes / t["median_s"] / 1e9,
+                        "frac_bandwidth": nbytes / t["median_s"] / bandwidth,
                         "compile_s": t["compile_s"],
                         "times_s": t["times_s"],
                     }
                 )
     for dname, rate in rates.items():
         print(f"matmul rate: {rate / 1e9:.0f} GFLOP/s ({dname})")
+    print(f"memory bandwidth (elementwise pass): {bandwidth / 1e9:.1f} GB/s")
     print_table(
         rows,
         [
@@ -134,8 +167,15 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             ("ratio_to_xla", "x xla", ".2f"),
             ("gflops", "GFLOP/s", ".1f"),
             ("frac_matmul", "of matmul", ".0%"),
+            ("gbps", "GB/s", ".1f"),
+            ("frac_bandwidth", "of bw", ".0%"),
             ("compile_s", "compile s", ".2f"),
         ],
     )
-    extra = {"matmul_gflops": {k: r / 1e9 for k, r in rates.items()}, "heads": HEADS, "dim": DIM}
+    extra = {
+        "matmul_gflops": {k: r / 1e9 for k, r in rates.items()},
+        "bandwidth_gbps": bandwidth / 1e9,
+        "heads": HEADS,
+        "dim": DIM,
+    }
     return rows, extra

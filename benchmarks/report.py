@@ -45,6 +45,7 @@ def core(payload) -> str:
                 f"{r['ms']:.3g}",
                 f"{ours['ms']:.3g} ({ours['ratio_to_xla']:.2f}x)",
                 f"{ours['frac_matmul']:.0%}",
+                f"{ours['frac_bandwidth']:.0%}" if "frac_bandwidth" in ours else "",
                 "" if fused is None else f"{fused['ms']:.3g} ({fused['ratio_to_xla']:.2f}x)",
             ]
         )
@@ -56,6 +57,7 @@ def core(payload) -> str:
             "xla ms",
             "eqattn ms (x xla)",
             "eqattn % of matmul",
+            "eqattn % of bandwidth",
             "eqattn.attention, auto (cuDNN) ms (x xla)",
         ],
         out,

@@ -32,6 +32,13 @@ def test_quick_benchmarks_run(tmp_path):
     for path in tmp_path.glob("*.json"):
         payload = json.loads(path.read_text())
         assert payload["rows"] and payload["device"]["platform"] and payload["versions"]["jax"]
+    core = json.loads(next(tmp_path.glob("core-quick*.json")).read_text())
+    assert core["bandwidth_gbps"] > 0
+    by = {(r["n"], r["mode"], r["impl"]): r for r in core["rows"]}
+    for (n, mode, impl), r in by.items():
+        assert r["gbps"] > 0 and r["frac_bandwidth"] > 0, r
+        # the n x m weights' traffic: a fused (chunked) pass moves less than the dense ones
+        assert by[(n, mode, "eqattn-chunked")]["bytes"] < by[(n, mode, "xla")]["bytes"]
     deq = json.loads(next(tmp_path.glob("deq-quick*.json")).read_text())
     # every exact method agrees with the baseline's gradient
     for row in deq["rows"]:
