@@ -130,6 +130,21 @@ def test_non_convergence_is_reported(getkey):
         jax.block_until_ready(eqx.filter_jit(jax.vmap(loud))(x))
 
 
+def test_explicit_transformer_dropout(getkey):
+    key = getkey()
+    model = enn.Transformer(3, 8, 2, 2, key=key, in_features=4, max_len=6, dropout=0.5)
+    x = jax.random.normal(getkey(), (6, 4))
+    k1, k2 = jax.random.split(getkey())
+    assert not np.allclose(model(x, key=k1), model(x, key=k2))
+    np.testing.assert_allclose(model(x, key=k1), model(x, key=k1))
+    plain = enn.Transformer(3, 8, 2, 2, key=key, in_features=4, max_len=6)  # same weights
+    np.testing.assert_allclose(model(x, inference=True), plain(x))
+    with pytest.raises(ValueError, match="needs `key`"):
+        model(x)
+    with pytest.raises(ValueError, match=r"`dropout` must be in \[0, 1\)"):
+        enn.Transformer(3, 8, 2, 2, key=key, in_features=4, dropout=1.0)
+
+
 def test_variational_dropout_keeps_one_mask_per_solve(getkey):
     key, solver = getkey(), eqattn.Anderson(rtol=1e-6, max_steps=100)
     block = enn.DEQBlock(8, 2, key=key, dropout=0.3, solver=solver)

@@ -42,9 +42,24 @@ def block_map(block, z, injection=None, mask=None, drop=None):
     return rn(u + jax.vmap(block.mlp_out)(h))
 
 
+def check_dropout(rate: float) -> None:
+    if not 0 <= rate < 1:
+        raise ValueError(f"`dropout` must be in [0, 1); got {rate}.")
+
+
 def _dropout_mask(key, rate, shape, dtype):
     keep = jax.random.bernoulli(key, 1 - rate, shape)
     return keep.astype(dtype) / (1 - rate)
+
+
+def dropout_masks(key, rate, n, mlp_in, dtype):
+    """Inverted-dropout masks for the attention output `[n, dim]` and the MLP hidden `[n, hidden]`
+    of `block_map`."""
+    k1, k2 = jax.random.split(key)
+    return (
+        _dropout_mask(k1, rate, (n, mlp_in.in_features), dtype),
+        _dropout_mask(k2, rate, (n, mlp_in.out_features), dtype),
+    )
 
 
 class DEQBlock(AbstractEquilibriumLayer):
@@ -86,8 +101,7 @@ class DEQBlock(AbstractEquilibriumLayer):
     ):
         check_dims(dim, num_heads)
         check_norm(norm)
-        if not 0 <= dropout < 1:
-            raise ValueError(f"`dropout` must be in [0, 1); got {dropout}.")
+        check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, ki, k1, k2 = jax.random.split(key, 4)
         self.attention = MultiHeadAttention(dim, num_heads, key=ka, dtype=dtype)
@@ -132,11 +146,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         if self.dropout > 0 and not inference:
             if key is None:
                 raise ValueError("DEQBlock with dropout > 0 needs `key` (or inference=True).")
-            k1, k2 = jax.random.split(key)
-            drop = (
-                _dropout_mask(k1, self.dropout, (n, self.dim), injection.dtype),
-                _dropout_mask(k2, self.dropout, (n, self.mlp_in.out_features), injection.dtype),
-            )
+            drop = dropout_masks(key, self.dropout, n, self.mlp_in, injection.dtype)
         z0 = jnp.zeros_like(injection) if z0 is None else z0
         return self.solve(DEQBlock.step, z0, injection, mask, drop, max_steps=max_steps)
 

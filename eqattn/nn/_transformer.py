@@ -12,7 +12,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from ._deq import block_map
+from ._deq import block_map, check_dropout, dropout_masks
 from ._implicit import Norm, check_norm
 from ._io import Pooling, embed_tokens, init_io, read_out
 from ._multihead import MultiHeadAttention, check_dims
@@ -26,12 +26,23 @@ class TransformerBlock(eqx.Module):
     mlp_out: eqx.nn.Linear
     norm_first: bool = eqx.field(static=True)
     norm: str = eqx.field(static=True)
+    dropout: float = eqx.field(static=True)
 
     def __init__(
-        self, dim, num_heads, *, key, mlp_ratio=2.0, norm_first=False, norm="layer", dtype=None
+        self,
+        dim,
+        num_heads,
+        *,
+        key,
+        mlp_ratio=2.0,
+        norm_first=False,
+        norm="layer",
+        dropout=0.0,
+        dtype=None,
     ):
         check_dims(dim, num_heads)
         check_norm(norm)
+        check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, k1, k2 = jax.random.split(key, 3)
         self.attention = MultiHeadAttention(dim, num_heads, key=ka, dtype=dtype)
@@ -39,16 +50,32 @@ class TransformerBlock(eqx.Module):
         self.mlp_out = eqx.nn.Linear(hidden, dim, key=k2, dtype=dtype)
         self.norm_first = norm_first
         self.norm = norm
+        self.dropout = dropout
 
-    def __call__(self, z: Float[Array, "n dim"], *, mask=None) -> Float[Array, "n dim"]:
-        return block_map(self, z, mask=mask)
+    def __call__(
+        self,
+        z: Float[Array, "n dim"],
+        *,
+        mask=None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+    ) -> Float[Array, "n dim"]:
+        drop = None
+        if self.dropout > 0 and not inference:
+            if key is None:
+                raise ValueError(
+                    "TransformerBlock with dropout > 0 needs `key` (or inference=True)."
+                )
+            drop = dropout_masks(key, self.dropout, z.shape[0], self.mlp_in, z.dtype)
+        return block_map(self, z, mask=mask, drop=drop)
 
 
 class Transformer(eqx.Module):
     """Embedding -> position embedding -> `depth` explicit blocks -> pooling -> head.
 
-    Arguments as [`eqattn.nn.DEQTransformer`][], plus `depth`; `mlp_ratio`, `norm_first` and
-    `norm` configure the blocks. `model(x, *, padding_mask=None)` returns logits.
+    Arguments as [`eqattn.nn.DEQTransformer`][], plus `depth`; `mlp_ratio`, `norm_first`, `norm`
+    and `dropout` configure the blocks. `model(x, *, padding_mask=None, key=None,
+    inference=False)` returns logits (`key` draws the dropout masks when training).
     """
 
     embed: eqx.nn.Embedding | eqx.nn.Linear
@@ -75,6 +102,7 @@ class Transformer(eqx.Module):
         mlp_ratio: float = 2.0,
         norm_first: bool = False,
         norm: Norm = "layer",
+        dropout: float = 0.0,
         dtype=None,
     ):
         if depth < 1:
@@ -91,6 +119,7 @@ class Transformer(eqx.Module):
                 mlp_ratio=mlp_ratio,
                 norm_first=norm_first,
                 norm=norm,
+                dropout=dropout,
                 dtype=dtype,
             )
             for k in keys[4:]
@@ -103,9 +132,12 @@ class Transformer(eqx.Module):
         x: Int[Array, " n"] | Float[Array, "n f"],
         *,
         padding_mask: Bool[Array, " n"] | None = None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
     ) -> Array:
         h, padding_mask = embed_tokens(self, x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
-        for block in self.blocks:
-            h = block(h, mask=attn_mask)
+        keys = [None] * len(self.blocks) if key is None else jax.random.split(key, len(self.blocks))
+        for block, k in zip(self.blocks, keys):
+            h = block(h, mask=attn_mask, key=k, inference=inference)
         return read_out(self, h, padding_mask)

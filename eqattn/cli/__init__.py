@@ -1,0 +1,9 @@
+"""The `eqattn` command (`eqattn train | evaluate | retrieve | info`) and the functions behind it,
+for use from Python or a notebook."""
+
+from ._evaluate import evaluate as evaluate, load_model as load_model
+from ._info import info as info
+from ._main import main as main
+from ._models import ModelConfig as ModelConfig
+from ._retrieve import retrieve as retrieve
+from ._train import TrainConfig as TrainConfig, train as train

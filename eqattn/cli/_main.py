@@ -1,0 +1,226 @@
+"""The `eqattn` command line: `train`, `evaluate`, `retrieve`, `info`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+from ._errors import CommandError, Interrupted
+from ._models import ADJOINTS, SOLVERS, ModelConfig
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas; got {text!r}")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas; got {text!r}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="eqattn", description="Equilibrium attention on the scikit-learn digits.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    m, t = ModelConfig(), _train_defaults()
+
+    tr = sub.add_parser("train", help="train a DEQ transformer (or --model explicit) on digits")
+    tr.add_argument("--model", choices=("deq", "explicit"), default=m.model)
+    tr.add_argument(
+        "--tokens",
+        choices=("rows", "patches"),
+        default=m.tokens,
+        help="8 rows of 8 pixels, or 16 patches of 2x2",
+    )
+    tr.add_argument("--dim", type=int, default=m.dim, help="width of the DEQ model")
+    tr.add_argument("--heads", type=int, default=m.heads)
+    tr.add_argument(
+        "--depth",
+        type=int,
+        default=m.depth,
+        help="blocks of the explicit model (its width matches the DEQ's parameters)",
+    )
+    tr.add_argument(
+        "--dropout", type=float, default=m.dropout, help="dropout rate (one mask per solve)"
+    )
+    tr.add_argument("--solver", choices=tuple(SOLVERS), default=m.solver)
+    tr.add_argument("--adjoint", choices=ADJOINTS, default=m.adjoint)
+    tr.add_argument(
+        "--rtol", type=float, default=m.rtol, help="solver tolerance (relative residual)"
+    )
+    tr.add_argument("--max-steps", type=int, default=m.max_steps, help="solver step limit")
+    tr.add_argument("--epochs", type=int, default=t.epochs)
+    tr.add_argument("--batch-size", type=int, default=t.batch_size)
+    tr.add_argument(
+        "--lr", type=float, default=t.lr, help="peak learning rate (warm-up, cosine decay)"
+    )
+    tr.add_argument("--weight-decay", type=float, default=t.weight_decay)
+    tr.add_argument("--clip", type=float, default=t.clip, help="gradient-norm clipping (0: off)")
+    tr.add_argument(
+        "--shift",
+        type=int,
+        default=t.shift,
+        help="augmentation: random shifts of up to this many pixels",
+    )
+    tr.add_argument("--label-smoothing", type=float, default=t.label_smoothing)
+    tr.add_argument(
+        "--train-size", type=int, default=None, help="use only the first N training images"
+    )
+    tr.add_argument("--seed", type=int, default=t.seed)
+    tr.add_argument(
+        "--out", default="runs/digits", help="output directory (checkpoint.eqx, metrics.json)"
+    )
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    ev = sub.add_parser(
+        "evaluate", help="test accuracy of a checkpoint and its test-time compute knob"
+    )
+    ev.add_argument(
+        "--checkpoint", required=True, help="checkpoint.eqx, or the directory holding it"
+    )
+    ev.add_argument(
+        "--steps", type=_ints, default=None, help="solver step budgets to try, e.g. 2,4,8,16"
+    )
+    ev.add_argument("--json", default=None, help="also write the results to this JSON file")
+
+    re = sub.add_parser("retrieve", help="Hopfield retrieval of digits from corrupted queries")
+    re.add_argument("--patterns", type=int, default=200, help="images stored")
+    re.add_argument("--corruption", choices=("mask", "noise"), default="mask")
+    re.add_argument("--amount", type=float, default=0.5, help="fraction masked, or noise std")
+    re.add_argument(
+        "--betas", type=_floats, default=None, help="inverse temperatures, e.g. 1,4,16,64"
+    )
+    re.add_argument("--steps", type=int, default=1, help="Hopfield updates per query")
+    re.add_argument("--seed", type=int, default=0)
+    re.add_argument("--out", default="runs/retrieval", help="output directory (retrieval.png)")
+
+    sub.add_parser("info", help="versions, devices and solver backends")
+    return p
+
+
+def _train_defaults():
+    from ._train import TrainConfig
+
+    return TrainConfig()
+
+
+def _cmd_train(a) -> None:
+    from ._train import TrainConfig, train
+
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    args = vars(a)
+    model_config = ModelConfig(**{k: v for k, v in args.items() if k in model_fields})
+    config = TrainConfig(**{k: v for k, v in args.items() if k in train_fields})
+    metrics = train(model_config, config, a.out, progress=False if a.no_progress else None)
+    steps = (
+        f" | solver steps {metrics['test_mean_solver_steps']:.1f} (mean), "
+        f"{metrics['test_converged']:.0%} converged"
+        if model_config.model == "deq"
+        else ""
+    )
+    mem = metrics["step_temp_memory_mb"]
+    print(
+        f"{model_config.model}: test accuracy {metrics['test_accuracy']:.2%} "
+        f"({metrics['test_examples']} images) | {metrics['epochs_done']} epochs in "
+        f"{metrics['train_time_s']:.0f} s (+{metrics['compile_time_s']:.0f} s compile) | "
+        f"{metrics['params']:,} params"
+        + ("" if mem is None else f" | train-step memory {mem:.1f} MB")
+        + steps
+    )
+    print(f"checkpoint: {metrics['checkpoint']}")
+    print(f"metrics:    {a.out.rstrip('/')}/metrics.json")
+
+
+def _cmd_evaluate(a) -> None:
+    from ._evaluate import evaluate
+
+    r = evaluate(a.checkpoint, list(a.steps) if a.steps else None)
+    print(
+        f"test accuracy {r['test_accuracy']:.2%} ({r['test_examples']} images, {r['model']} model)"
+    )
+    if "solver_steps" in r:
+        s = r["solver_steps"]
+        print(
+            f"solver steps per example: mean {s['mean']:.1f}, median {s['median']:.0f}, "
+            f"90th percentile {s['p90']:.0f}, max {s['max']} (limit {s['max_steps']}); "
+            f"{s['converged']:.1%} converged"
+        )
+        print("max steps  accuracy  mean steps  converged  rel. residual")
+        for row in r["budget_sweep"]:
+            print(
+                f"{row['max_steps']:>9}  {row['test_accuracy']:>8.2%}  {row['mean_steps']:>10.1f}  "
+                f"{row['converged']:>9.1%}  {row['mean_relative_residual']:>13.1e}"
+            )
+    if a.json:
+        try:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=2)
+        except OSError as e:
+            raise CommandError(f"cannot write {a.json!r}: {e.strerror}") from None
+
+
+def _cmd_retrieve(a) -> None:
+    from ._retrieve import BETAS, retrieve
+
+    r = retrieve(
+        a.out,
+        patterns=a.patterns,
+        corruption=a.corruption,
+        amount=a.amount,
+        betas=a.betas or BETAS,
+        steps=a.steps,
+        seed=a.seed,
+    )
+    print(
+        f"{r['patterns']} stored digits; queries with {r['corruption']} {r['amount']:g}; "
+        f"{r['steps']} update(s); nearest stored pattern to the raw query is right for "
+        f"{r['nearest_neighbour_of_query']:.1%}"
+    )
+    print("    beta  pattern acc.  class acc.  mean error")
+    for row in r["rows"]:
+        print(
+            f"{row['beta']:>8g}  {row['pattern_accuracy']:>12.1%}  {row['class_accuracy']:>10.1%}"
+            f"  {row['mean_error']:>10.3f}"
+        )
+    print(f"figure: {r['figure']} (beta = {r['best_beta']:g})")
+
+
+def _cmd_info(a) -> None:
+    from ._info import format_info, info
+
+    print(format_info(info()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    args = parser().parse_args(argv)
+    try:
+        {
+            "train": _cmd_train,
+            "evaluate": _cmd_evaluate,
+            "retrieve": _cmd_retrieve,
+            "info": _cmd_info,
+        }[args.command](args)
+    except (CommandError, ImportError) as e:
+        print(f"eqattn {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except Interrupted as e:
+        print(f"eqattn {args.command}: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"eqattn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0

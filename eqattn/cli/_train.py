@@ -1,0 +1,300 @@
+"""`eqattn train`: a classifier on the scikit-learn digits, with checkpoints and a metrics file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import data
+from ._checkpoint import FILENAME, save_checkpoint, writable_dir
+from ._errors import CommandError, Interrupted
+from ._models import NUM_CLASSES, ModelConfig, build_model, predict
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimization settings (the model's own are in [`ModelConfig`][])."""
+
+    epochs: int = 40
+    batch_size: int = 64
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    clip: float = 1.0  # global gradient-norm clipping; 0 turns it off
+    shift: int = 0  # augmentation: random translations of up to `shift` pixels
+    label_smoothing: float = 0.1
+    train_size: int | None = None  # the first N training images only (quick runs)
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise CommandError(
+                    f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
+                )
+        if not self.lr > 0:
+            raise CommandError(f"--lr must be > 0; got {self.lr}")
+        if self.shift < 0 or self.weight_decay < 0 or self.clip < 0:
+            raise CommandError("--shift, --weight-decay and --clip must be >= 0")
+        if not 0 <= self.label_smoothing < 1:
+            raise CommandError(f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
+        if self.train_size is not None and self.train_size < 1:
+            raise CommandError(f"--train-size must be >= 1; got {self.train_size}")
+
+
+def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndarray:
+    """Translate each image by a random offset in [-shift, shift]^2 (zero fill)."""
+    if shift == 0:
+        return images
+    n, h, w = images.shape
+    padded = np.pad(images, ((0, 0), (shift, shift), (shift, shift)))
+    dy, dx = rng.integers(0, 2 * shift + 1, (2, n))
+    rows = dy[:, None] + np.arange(h)
+    cols = dx[:, None] + np.arange(w)
+    return padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def _optimizer(config: TrainConfig, total_steps: int):
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.lr, max(1, total_steps // 20), total_steps, config.lr / 100
+    )
+    adamw = optax.adamw(schedule, weight_decay=config.weight_decay)
+    return optax.chain(optax.clip_by_global_norm(config.clip), adamw) if config.clip else adamw
+
+
+def make_evaluator():
+    @eqx.filter_jit
+    def evaluate(model, x, max_steps):
+        logits, steps, residual, converged = jax.vmap(lambda xi: predict(model, xi, max_steps))(x)
+        return jnp.argmax(logits, -1), steps, residual, converged
+
+    return evaluate
+
+
+def train(
+    model_config: ModelConfig,
+    config: TrainConfig,
+    out_dir: str | Path,
+    *,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Train, checkpoint every epoch to `out_dir/checkpoint.eqx`, write `out_dir/metrics.json`.
+
+    `progress`: a tqdm bar on stderr (`None`: only when stderr is a terminal). Returns the metrics. Ctrl-C saves the model as it stands and raises `Interrupted`; a loss
+    that turns NaN raises `CommandError` (the last epoch's checkpoint stays).
+    """
+    from tqdm.auto import tqdm
+
+    out = writable_dir(out_dir)
+    digits = data.load_digits()
+    train_images, train_labels = digits.train_images, digits.train_labels
+    if config.train_size is not None:
+        train_images, train_labels = (
+            train_images[: config.train_size],
+            train_labels[: config.train_size],
+        )
+    test_x = jnp.asarray(data.tokenize(digits.test_images, model_config.tokens))
+    n_train = len(train_labels)
+    batch = min(config.batch_size, n_train)
+    steps_per_epoch = n_train // batch
+    total = steps_per_epoch * config.epochs
+    tokens = data.tokenize(train_images[:1], model_config.tokens)
+    model_config = dataclasses.replace(
+        model_config, num_tokens=tokens.shape[1], in_features=tokens.shape[2]
+    )
+
+    key, init_key = jax.random.split(jax.random.key(config.seed))
+    model = build_model(model_config, init_key)
+    n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
+    optimizer = _optimizer(config, total)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    deq = model_config.model == "deq"
+
+    def loss_fn(model, x, y, key):
+        def one(xi, ki):
+            if deq:
+                logits, eq = model.forward(xi, key=ki)
+                return logits, eq.steps, eq.relative_residual, eq.converged
+            return model(xi, key=ki), jnp.array(0), jnp.array(0.0), jnp.array(True)
+
+        logits, steps, residual, converged = jax.vmap(one)(x, jax.random.split(key, len(x)))
+        targets = optax.smooth_labels(jax.nn.one_hot(y, NUM_CLASSES), config.label_smoothing)
+        loss = optax.softmax_cross_entropy(logits, targets).mean()
+        acc = jnp.mean(jnp.argmax(logits, -1) == y)
+        return loss, (acc, steps.mean(), residual.mean(), converged.mean())
+
+    def step(model, opt_state, x, y, key):
+        (loss, aux), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, x, y, key)
+        updates, opt_state = optimizer.update(
+            grads, opt_state, eqx.filter(model, eqx.is_inexact_array)
+        )
+        return eqx.apply_updates(model, updates), opt_state, loss, aux
+
+    rng = np.random.default_rng(config.seed)
+    x0 = jnp.asarray(data.tokenize(train_images[:batch], model_config.tokens))
+    t_compile = time.perf_counter()
+    compiled = eqx.filter_jit(step).lower(model, opt_state, x0, train_labels[:batch], key).compile()
+    compile_s = time.perf_counter() - t_compile
+    memory = compiled.compiled.memory_analysis()
+    step_temp_mb = None if memory is None else memory.temp_size_in_bytes / 2**20
+    evaluate = make_evaluator()
+
+    ckpt = out / FILENAME
+    history: list[dict[str, Any]] = []
+    metrics: dict[str, Any] = {}
+
+    def write_metrics(status: str, epoch: int) -> dict[str, Any]:
+        """Evaluate on the test set, then save the checkpoint and metrics.json."""
+        preds, steps, residual, converged = evaluate(model, test_x, None)
+        acc = float(jnp.mean(preds == digits.test_labels))
+        metrics.update(
+            status=status,
+            epochs_done=epoch,
+            test_accuracy=acc,
+            test_mean_solver_steps=float(steps.mean()),
+            test_mean_relative_residual=float(residual.mean()),
+            test_converged=float(converged.mean()),
+            params=int(n_params),
+            train_examples=n_train,
+            test_examples=len(digits.test_labels),
+            train_time_s=train_time,
+            compile_time_s=compile_s,
+            step_temp_memory_mb=step_temp_mb,
+            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            device=str(jax.devices()[0].device_kind),
+            backend=jax.default_backend(),
+            model_config=dataclasses.asdict(model_config),
+            train_config=dataclasses.asdict(config),
+            checkpoint=str(ckpt),
+            history=history,
+        )
+        save_checkpoint(
+            ckpt, model, dataclasses.asdict(model_config), epoch=epoch, test_accuracy=acc
+        )
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        return metrics
+
+    desc = f"{model_config.model} {model_config.tokens}"
+    disable = (not sys.stderr.isatty()) if progress is None else not progress
+    bar = tqdm(total=total, desc=desc, unit="step", disable=disable, file=sys.stderr)
+    train_time, epoch, test_acc = 0.0, 0, float("nan")
+    fields = ("loss", "train_accuracy", "solver_steps", "relative_residual", "converged")
+    try:
+        for epoch in range(1, config.epochs + 1):
+            t0 = time.perf_counter()
+            perm = rng.permutation(n_train)
+            x_all = data.tokenize(
+                shift_images(train_images, config.shift, rng), model_config.tokens
+            )
+            sums = np.zeros(len(fields))
+            for i in range(steps_per_epoch):
+                idx = perm[i * batch : (i + 1) * batch]
+                key, sub = jax.random.split(key)
+                new_model, new_state, loss, aux = compiled(
+                    model, opt_state, x_all[idx], train_labels[idx], sub
+                )
+                values = np.array([float(loss), *(float(a) for a in aux)])
+                if not math.isfinite(values[0]):
+                    raise CommandError(
+                        f"training diverged in epoch {epoch}, step {i + 1} (loss {values[0]}); try a "
+                        f"smaller --lr. Last good checkpoint: {ckpt if epoch > 1 else 'none'}"
+                    )
+                model, opt_state = new_model, new_state
+                sums += values
+                m = sums / (i + 1)
+                bar.set_postfix_str(
+                    f"loss {m[0]:.3f} acc {m[1]:.3f} steps {m[2]:.1f} res {m[3]:.1e} "
+                    f"test {test_acc:.3f}",
+                    refresh=False,
+                )
+                bar.update()
+            train_time += time.perf_counter() - t0
+            history.append(dict(epoch=epoch, **dict(zip(fields, sums / steps_per_epoch))))
+            metrics = write_metrics("done" if epoch == config.epochs else "running", epoch)
+            test_acc = history[-1]["test_accuracy"] = metrics["test_accuracy"]
+            history[-1]["time_s"] = train_time
+            (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
+    except KeyboardInterrupt:
+        bar.close()
+        write_metrics("interrupted", epoch - 1)
+        raise Interrupted(
+            f"interrupted in epoch {epoch}; the model as it stood is saved: {ckpt}"
+        ) from None
+    finally:
+        bar.close()
+    return metrics
+
+    desc = f"{model_config.model} {model_config.tokens}"
+    bar = tqdm(
+        total=total, desc=desc, unit="step", disable=progress is False or None, file=sys.stderr
+    )
+    if progress is None:
+        bar.disable = not sys.stderr.isatty()
+    train_time, epoch, test_acc = 0.0, 0, float("nan")
+    try:
+        for epoch in range(1, config.epochs + 1):
+            t0 = time.perf_counter()
+            perm = rng.permutation(n_train)
+            images = shift_images(train_images, config.shift, rng)
+            x_all = data.tokenize(images, model_config.tokens)
+            sums = np.zeros(5)
+            for i in range(steps_per_epoch):
+                idx = perm[i * batch : (i + 1) * batch]
+                key, sub = jax.random.split(key)
+                new = compiled(model, opt_state, x_all[idx], train_labels[idx], sub)
+                loss, (acc, steps, residual, conv) = new[2], new[3]
+                values = np.array(
+                    [float(loss), float(acc), float(steps), float(residual), float(conv)]
+                )
+                if not math.isfinite(values[0]):
+                    raise CommandError(
+                        f"training diverged at epoch {epoch}, step {i + 1} (loss {values[0]}); "
+                        f"try a smaller --lr. Last good checkpoint: {ckpt if epoch > 1 else 'none'}"
+                    )
+                model, opt_state = new[0], new[1]
+                sums += values
+                m = sums / (i + 1)
+                bar.set_postfix_str(
+                    f"loss {m[0]:.3f} acc {m[1]:.3f} steps {m[2]:.1f} res {m[3]:.1e} test {test_acc:.3f}",
+                    refresh=False,
+                )
+                bar.update()
+            train_time += time.perf_counter() - t0
+            m = sums / steps_per_epoch
+            metrics = write_metrics("running" if epoch < config.epochs else "done", epoch)
+            test_acc = metrics["test_accuracy"]
+            history.append(
+                dict(
+                    epoch=epoch,
+                    loss=m[0],
+                    train_accuracy=m[1],
+                    solver_steps=m[2],
+                    relative_residual=m[3],
+                    converged=m[4],
+                    test_accuracy=test_acc,
+                    time_s=train_time,
+                )
+            )
+            bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    except KeyboardInterrupt:
+        bar.close()
+        write_metrics("interrupted", epoch - 1)
+        raise Interrupted(
+            f"interrupted in epoch {epoch}; checkpoint of the current model: {ckpt}"
+        ) from None
+    finally:
+        bar.close()
+    return metrics

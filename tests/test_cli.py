@@ -1,0 +1,200 @@
+"""The `eqattn` command at tiny sizes: outputs, files, errors and Ctrl-C."""
+
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("tqdm")
+
+from eqattn.cli import main  # noqa: E402
+from eqattn.cli._train import shift_images  # noqa: E402
+
+ROOT = Path(__file__).parent.parent
+TINY = ["--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("deq")
+    code = main(["train", *TINY, "--epochs", "2", "--max-steps", "8", "--out", str(out)])
+    assert code == 0
+    return out
+
+
+def test_train_writes_checkpoint_and_metrics(trained):
+    metrics = json.loads((trained / "metrics.json").read_text())
+    assert metrics["status"] == "done" and metrics["epochs_done"] == 2
+    assert [h["epoch"] for h in metrics["history"]] == [1, 2]
+    assert 0 <= metrics["test_accuracy"] <= 1 and metrics["test_examples"] == 359
+    assert 1 <= metrics["test_mean_solver_steps"] <= 8
+    assert metrics["params"] > 0 and metrics["step_temp_memory_mb"] > 0
+    assert metrics["model_config"]["max_steps"] == 8
+    header = json.loads((trained / "checkpoint.eqx").read_bytes().split(b"\n", 1)[0])
+    assert header["format"] == "eqattn-checkpoint-1" and header["epoch"] == 2
+
+
+def test_evaluate_reproduces_accuracy(trained, capsys, tmp_path):
+    metrics = json.loads((trained / "metrics.json").read_text())
+    out_json = tmp_path / "eval.json"
+    code, out, err = run(
+        capsys,
+        "evaluate",
+        "--checkpoint",
+        str(trained),
+        "--steps",
+        "1,4,16",
+        "--json",
+        str(out_json),
+    )
+    assert code == 0, err
+    result = json.loads(out_json.read_text())
+    assert result["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    assert f"test accuracy {100 * metrics['test_accuracy']:.2f}%" in out
+    sweep = result["budget_sweep"]
+    assert [r["max_steps"] for r in sweep] == [1, 4, 16]  # 16 > the trained limit of 8
+    assert sweep[0]["mean_steps"] == 1 and sweep[0]["converged"] == 0
+    assert sweep[-1]["mean_relative_residual"] < sweep[0]["mean_relative_residual"]
+    assert len(result["solver_steps"]["per_example"]) == result["test_examples"]
+
+
+def test_explicit_baseline_matches_parameters(trained, capsys, tmp_path):
+    code, out, err = run(
+        capsys, "train", "--model", "explicit", *TINY, "--epochs", "1", "--out", str(tmp_path)
+    )
+    assert code == 0, err
+    assert out.startswith("explicit: test accuracy")
+    deq = json.loads((trained / "metrics.json").read_text())["params"]
+    explicit = json.loads((tmp_path / "metrics.json").read_text())["params"]
+    assert abs(explicit - deq) / deq < 0.25
+    code, out, _ = run(capsys, "evaluate", "--checkpoint", str(tmp_path / "checkpoint.eqx"))
+    assert code == 0 and "explicit model" in out and "max steps" not in out
+
+
+def _one_line_error(code, err, expected_code, pattern):
+    assert code == expected_code
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert pattern in err, err
+
+
+def test_errors_are_one_line(trained, capsys, tmp_path):
+    code, _, err = run(capsys, "evaluate", "--checkpoint", str(tmp_path / "nope.eqx"))
+    _one_line_error(code, err, 1, "checkpoint not found")
+
+    garbage = tmp_path / "garbage.eqx"
+    garbage.write_bytes(os.urandom(256))
+    code, _, err = run(capsys, "evaluate", "--checkpoint", str(garbage))
+    _one_line_error(code, err, 1, "not an eqattn checkpoint")
+
+    truncated = tmp_path / "truncated.eqx"
+    truncated.write_bytes((trained / "checkpoint.eqx").read_bytes()[:-100])
+    code, _, err = run(capsys, "evaluate", "--checkpoint", str(truncated))
+    _one_line_error(code, err, 1, "is corrupt")
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = run(capsys, "train", *TINY, "--out", str(blocker / "run"))
+    _one_line_error(code, err, 1, "cannot write to output directory")
+
+    code, _, err = run(capsys, "train", "--dim", "10", "--heads", "4")
+    _one_line_error(code, err, 1, "--dim (10) must be divisible by --heads (4)")
+
+    for argv, pattern in [
+        (["train", "--epochz", "3"], "unrecognized arguments: --epochz"),
+        (["train", "--solver", "newton"], "invalid choice: 'newton'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["retrieve", "--betas", "1,x"], "expected numbers"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        _one_line_error(exit_info.value.code, capsys.readouterr().err, 2, pattern)
+
+
+def test_ctrl_c_keeps_a_checkpoint(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eqattn",
+            "train",
+            *TINY,
+            "--epochs",
+            "10000",
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    ckpt = tmp_path / "checkpoint.eqx"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ckpt.exists(), proc.communicate(timeout=10)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted in epoch" in err and "Traceback" not in err, err
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["status"] == "interrupted" and metrics["epochs_done"] >= 1
+    result = subprocess.run(
+        [sys.executable, "-m", "eqattn", "evaluate", "--checkpoint", str(ckpt), "--steps", "4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"test accuracy {100 * metrics['test_accuracy']:.2f}%" in result.stdout
+
+
+def test_retrieve(capsys, tmp_path):
+    code, out, err = run(
+        capsys, "retrieve", "--patterns", "60", "--betas", "1,64", "--out", str(tmp_path)
+    )
+    assert code == 0, err
+    report = json.loads((tmp_path / "retrieval.json").read_text())
+    acc = {r["beta"]: r["pattern_accuracy"] for r in report["rows"]}
+    assert acc[64.0] > acc[1.0] + 0.3  # single patterns at large beta, averages at small
+    assert f"{100 * acc[64.0]:.1f}%" in out
+    assert (tmp_path / "retrieval.png").stat().st_size > 1000
+    code, _, err = run(capsys, "retrieve", "--patterns", "0", "--out", str(tmp_path))
+    _one_line_error(code, err, 1, "--patterns must be in [1,")
+
+
+def test_info(capsys):
+    code, out, _ = run(capsys, "info")
+    assert code == 0
+    assert f"jax         {importlib.metadata.version('jax')}" in out and "device      cpu:0" in out
+
+
+def test_console_script_entry_point():
+    scripts = importlib.metadata.entry_points(group="console_scripts", name="eqattn")
+    assert [ep.value for ep in scripts] == ["eqattn.cli:main"]
+
+
+def test_shift_images():
+    images = np.zeros((500, 8, 8), np.float32)
+    images[:, 4, 3] = 1.0
+    shifted = shift_images(images, 1, np.random.default_rng(0))
+    assert shifted.shape == images.shape and np.all(shifted.sum((1, 2)) == 1)
+    rows, cols = np.nonzero(shifted)[1:]
+    assert set(rows) == {3, 4, 5} and set(cols) == {2, 3, 4}
+    np.testing.assert_array_equal(shift_images(images, 0, np.random.default_rng(0)), images)
