@@ -36,9 +36,8 @@ def info() -> dict[str, Any]:
 
 
 def format_info(d: dict[str, Any]) -> str:
-    lines = [f"python      {d['python']}"]
-    lines += [f"{k:<12}{v or 'not installed'}" for k, v in d["versions"].items()]
-    lines.append(f"backend     {d['backend']}")
-    lines += [f"device      {x}" for x in d["devices"]]
-    lines += [f"solvers     {k}: {'yes' if v else 'no'}" for k, v in d["solver_backends"].items()]
-    return "\n".join(lines)
+    rows = [("python", d["python"])]
+    rows += [(k, v or "not installed") for k, v in d["versions"].items()]
+    rows += [("backend", d["backend"])] + [("device", x) for x in d["devices"]]
+    rows += [("solvers", f"{k}: {'yes' if v else 'no'}") for k, v in d["solver_backends"].items()]
+    return "\n".join(f"{k:<14}{v}" for k, v in rows)
