@@ -28,7 +28,8 @@ def load_model(path: str | Path, max_steps: int | None = None):
     except (KeyError, TypeError, CommandError) as e:
         raise CommandError(f"checkpoint {str(path)!r} has an unusable configuration: {e}") from None
     skeleton = config if max_steps is None else dataclasses.replace(config, max_steps=max_steps)
-    like = build_model(skeleton, jax.random.key(0))
+    # the checkpoint's dtype, whatever JAX's default float is now (jax_enable_x64 or not)
+    like = build_model(skeleton, jax.random.key(0), dtype=header.get("dtype"))
     return load_checkpoint(path, like), config, header
 
 

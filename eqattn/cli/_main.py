@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from ._errors import CommandError, Interrupted
@@ -207,6 +209,10 @@ def _cmd_info(a) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupted)."""
     args = parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C must reach the training loop (which saves a checkpoint) even when this process
+        # was started with SIGINT ignored, as background jobs of a shell are.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         {
             "train": _cmd_train,

@@ -82,8 +82,9 @@ def explicit_width(config: ModelConfig) -> int:
     return min(widths, key=lambda w: abs(count_params(config, width=w) - target))
 
 
-def build_model(config: ModelConfig, key, *, width: int | None = None) -> eqx.Module:
-    common = dict(in_features=config.in_features, max_len=config.num_tokens)
+def build_model(config: ModelConfig, key, *, width: int | None = None, dtype=None) -> eqx.Module:
+    """The model of `config`; `dtype` of its parameters (default: JAX's default float)."""
+    common = dict(in_features=config.in_features, max_len=config.num_tokens, dtype=dtype)
     if config.model == "deq":
         return nn.DEQTransformer(
             NUM_CLASSES,

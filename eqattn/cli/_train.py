@@ -180,7 +180,12 @@ def train(
             history=history,
         )
         save_checkpoint(
-            ckpt, model, dataclasses.asdict(model_config), epoch=epoch, test_accuracy=acc
+            ckpt,
+            model,
+            dataclasses.asdict(model_config),
+            epoch=epoch,
+            test_accuracy=acc,
+            dtype=jnp.dtype(model.head.weight.dtype).name,
         )
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         return metrics
@@ -192,6 +197,7 @@ def train(
     fields = ("loss", "train_accuracy", "solver_steps", "relative_residual", "converged")
     try:
         for epoch in range(1, config.epochs + 1):
+            bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
             t0 = time.perf_counter()
             perm = rng.permutation(n_train)
             x_all = data.tokenize(
@@ -225,75 +231,11 @@ def train(
             test_acc = history[-1]["test_accuracy"] = metrics["test_accuracy"]
             history[-1]["time_s"] = train_time
             (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-            bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
     except KeyboardInterrupt:
         bar.close()
         write_metrics("interrupted", epoch - 1)
         raise Interrupted(
             f"interrupted in epoch {epoch}; the model as it stood is saved: {ckpt}"
-        ) from None
-    finally:
-        bar.close()
-    return metrics
-
-    desc = f"{model_config.model} {model_config.tokens}"
-    bar = tqdm(
-        total=total, desc=desc, unit="step", disable=progress is False or None, file=sys.stderr
-    )
-    if progress is None:
-        bar.disable = not sys.stderr.isatty()
-    train_time, epoch, test_acc = 0.0, 0, float("nan")
-    try:
-        for epoch in range(1, config.epochs + 1):
-            t0 = time.perf_counter()
-            perm = rng.permutation(n_train)
-            images = shift_images(train_images, config.shift, rng)
-            x_all = data.tokenize(images, model_config.tokens)
-            sums = np.zeros(5)
-            for i in range(steps_per_epoch):
-                idx = perm[i * batch : (i + 1) * batch]
-                key, sub = jax.random.split(key)
-                new = compiled(model, opt_state, x_all[idx], train_labels[idx], sub)
-                loss, (acc, steps, residual, conv) = new[2], new[3]
-                values = np.array(
-                    [float(loss), float(acc), float(steps), float(residual), float(conv)]
-                )
-                if not math.isfinite(values[0]):
-                    raise CommandError(
-                        f"training diverged at epoch {epoch}, step {i + 1} (loss {values[0]}); "
-                        f"try a smaller --lr. Last good checkpoint: {ckpt if epoch > 1 else 'none'}"
-                    )
-                model, opt_state = new[0], new[1]
-                sums += values
-                m = sums / (i + 1)
-                bar.set_postfix_str(
-                    f"loss {m[0]:.3f} acc {m[1]:.3f} steps {m[2]:.1f} res {m[3]:.1e} test {test_acc:.3f}",
-                    refresh=False,
-                )
-                bar.update()
-            train_time += time.perf_counter() - t0
-            m = sums / steps_per_epoch
-            metrics = write_metrics("running" if epoch < config.epochs else "done", epoch)
-            test_acc = metrics["test_accuracy"]
-            history.append(
-                dict(
-                    epoch=epoch,
-                    loss=m[0],
-                    train_accuracy=m[1],
-                    solver_steps=m[2],
-                    relative_residual=m[3],
-                    converged=m[4],
-                    test_accuracy=test_acc,
-                    time_s=train_time,
-                )
-            )
-            bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    except KeyboardInterrupt:
-        bar.close()
-        write_metrics("interrupted", epoch - 1)
-        raise Interrupted(
-            f"interrupted in epoch {epoch}; checkpoint of the current model: {ckpt}"
         ) from None
     finally:
         bar.close()
