@@ -24,8 +24,8 @@ def _compile(fn, args):
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))  # warm-up
-    return compiled, compile_s
+    output = jax.block_until_ready(compiled(*args))  # warm-up
+    return compiled, compile_s, output
 
 
 def _once(compiled, args) -> float:
@@ -37,16 +37,22 @@ def _once(compiled, args) -> float:
 def time_jitted(fn, *args, repeats: int = 10) -> dict[str, Any]:
     """Compile `jax.jit(fn)` for `args`, then time it. Returns seconds (median and all repeats)."""
     args = jax.device_put(args)
-    compiled, compile_s = _compile(fn, args)
+    compiled, compile_s, output = _compile(fn, args)
     times = [_once(compiled, args) for _ in range(repeats)]
-    return {"median_s": statistics.median(times), "times_s": times, "compile_s": compile_s}
+    return {
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "compile_s": compile_s,
+        "output": output,
+    }
 
 
 def time_interleaved(cases: dict[str, tuple], repeats: int = 10) -> dict[str, dict[str, Any]]:
     """Time several `name: (fn, *args)` cases round-robin: each round calls every case once.
 
     Ratios between cases then compare runs made at the same moments, so slow drifts of the
-    machine (frequency, neighbours) do not bias them. Returns `time_jitted`'s dict per case.
+    machine (frequency, neighbours) do not bias them. Returns `time_jitted`'s dict per case
+    (`output`: the warm-up call's result, so callers need not compile again to inspect it).
     """
     compiled = {}
     for name, (fn, *args) in cases.items():
@@ -54,10 +60,15 @@ def time_interleaved(cases: dict[str, tuple], repeats: int = 10) -> dict[str, di
         compiled[name] = (*_compile(fn, args), args)
     times = {name: [] for name in cases}
     for _ in range(repeats):
-        for name, (c, _, args) in compiled.items():
+        for name, (c, _, _, args) in compiled.items():
             times[name].append(_once(c, args))
     return {
-        name: {"median_s": statistics.median(t), "times_s": t, "compile_s": compiled[name][1]}
+        name: {
+            "median_s": statistics.median(t),
+            "times_s": t,
+            "compile_s": compiled[name][1],
+            "output": compiled[name][2],
+        }
         for name, t in times.items()
     }
 

@@ -115,7 +115,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     gpu = jax.default_backend() == "gpu"
     scale = DIM**-0.5
     rows, rates = [], {}
-    bandwidth = copy_bandwidth(1 << 24 if quick else 1 << 28, repeats)
+    bandwidth = copy_bandwidth(1 << 26 if quick else 1 << 28, repeats)
     for dtype, sizes in _configs(quick):
         dname = jnp.dtype(dtype).name
         rates[dname] = matmul_rate(512 if quick else (8192 if gpu else 2048), repeats, dtype)
