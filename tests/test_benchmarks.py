@@ -16,7 +16,9 @@ ROOT = Path(__file__).parent.parent
 @pytest.mark.slow
 def test_quick_benchmarks_run(tmp_path):
     # Every suite (the default), on 2 CPU devices so the multi-device rows run too.
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    # (timings are not checked here, so the suite's fast-compile flag applies too)
+    flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+    env = {**os.environ, "XLA_FLAGS": flags}
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
