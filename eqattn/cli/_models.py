@@ -109,9 +109,12 @@ def count_params(config: ModelConfig, *, width: int | None = None) -> int:
     return sum(x.size for x in jax.tree.leaves(shapes) if isinstance(x, jax.ShapeDtypeStruct))
 
 
-def predict(model: eqx.Module, x, max_steps: int | None = None):
-    """Logits `[10]`, solver steps, relative residual and convergence of one example."""
+def predict(model: eqx.Module, x, max_steps: int | None = None, key=None):
+    """Logits `[10]`, solver steps, relative residual and convergence of one example; `key`
+    (training) draws dropout masks, without it the model runs in inference mode."""
+    inference = key is None
     if isinstance(model, nn.DEQTransformer):
-        logits, eq = model.forward(x, inference=True, max_steps=max_steps)
+        logits, eq = model.forward(x, key=key, inference=inference, max_steps=max_steps)
         return logits, eq.steps, eq.relative_residual, eq.converged
-    return model(x, inference=True), jnp.array(0), jnp.array(0.0), jnp.array(True)
+    logits = model(x, key=key, inference=inference)
+    return logits, jnp.array(0), jnp.array(0.0), jnp.array(True)

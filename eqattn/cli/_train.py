@@ -119,15 +119,9 @@ def train(
     n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
     optimizer = _optimizer(config, total)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    deq = model_config.model == "deq"
 
     def loss_fn(model, x, y, key):
-        def one(xi, ki):
-            if deq:
-                logits, eq = model.forward(xi, key=ki)
-                return logits, eq.steps, eq.relative_residual, eq.converged
-            return model(xi, key=ki), jnp.array(0), jnp.array(0.0), jnp.array(True)
-
+        one = lambda xi, ki: predict(model, xi, key=ki)  # noqa: E731
         logits, steps, residual, converged = jax.vmap(one)(x, jax.random.split(key, len(x)))
         targets = optax.smooth_labels(jax.nn.one_hot(y, NUM_CLASSES), config.label_smoothing)
         loss = optax.softmax_cross_entropy(logits, targets).mean()
