@@ -47,15 +47,33 @@ def time_jitted(fn, *args, repeats: int = 10) -> dict[str, Any]:
     }
 
 
+class External:
+    """A case that is not a JAX function (e.g. PyTorch): `call()` runs it once and waits for
+    the device (`torch.cuda.synchronize()`). Its first call is the warm-up, reported as compile
+    time."""
+
+    def __init__(self, call):
+        self.call = call
+
+    def __call__(self):
+        return self.call()
+
+
 def time_interleaved(cases: dict[str, tuple], repeats: int = 10) -> dict[str, dict[str, Any]]:
     """Time several `name: (fn, *args)` cases round-robin: each round calls every case once.
 
     Ratios between cases then compare runs made at the same moments, so slow drifts of the
     machine (frequency, neighbours) do not bias them. Returns `time_jitted`'s dict per case
     (`output`: the warm-up call's result, so callers need not compile again to inspect it).
+    A case `(External(call),)` is timed in the same rounds by calling `call()`.
     """
     compiled = {}
     for name, (fn, *args) in cases.items():
+        if isinstance(fn, External):
+            t0 = time.perf_counter()
+            output = fn()
+            compiled[name] = (lambda fn=fn: fn(), time.perf_counter() - t0, output, ())
+            continue
         args = jax.device_put(tuple(args))
         compiled[name] = (*_compile(fn, args), args)
     times = {name: [] for name in cases}

@@ -1,13 +1,22 @@
 """`core`: the log-normalizer core against `jax.nn.dot_product_attention` (XLA) and naive attention.
 
 Forward times `eqattn.attention_with_lse` (which also returns the log-sum-exp); forward+backward
-times the gradient of `sum(out * c)` with respect to queries, keys and values. Each input is in its
-implementation's native layout: `[batch, heads, n, d]` for eqattn and the naive version,
-`[batch, n, heads, d]` for `jax.nn.dot_product_attention`.
+times the gradient, with respect to queries, keys and values, of `sum(out * c)` plus, for eqattn's
+cases, `sum(lse * c[..., 0])` (so the log-sum-exp's cotangent is part of the backward pass). Each
+input is in its implementation's native layout: `[batch, heads, n, d]` for eqattn, the naive
+version and PyTorch, `[batch, n, heads, d]` for `jax.nn.dot_product_attention`.
+
+Cases: `xla` (the baseline), `eqattn` ("auto"), `eqattn-chunked`, `naive`; off CPU
+`eqattn-pallas` (eqattn's fused kernel, `implementation="pallas"`; on CPU it is interpreted and
+only the `--quick` run includes it, to exercise the code, not to time it); on a GPU with bf16,
+`cudnn` (`jax.nn.dot_product_attention(implementation="cudnn")`, no log-sum-exp) and
+`eqattn.attention(auto)`; and, where PyTorch with CUDA is installed, `torch-sdpa-flash`
+(`torch.nn.functional.scaled_dot_product_attention` with its flash backend, bf16) as an outside
+anchor.
 
 FLOPs count the matmuls only: 4 n m d per head forward, 10 n m d forward+backward (the usual
-attention accounting; eqattn's recomputation in the backward pass is not counted). The fraction is
-of a large float32 matmul's rate measured in the same run. The implementations are timed
+attention accounting; recomputation in the backward pass is not counted). The fraction is of a
+large matmul's rate in the same dtype, measured in the same run. The implementations are timed
 round-robin (one call of each per round), so their ratios compare calls made at the same moments.
 
 Bytes count the least memory traffic each case needs, a model (not a measurement): the inputs
@@ -15,10 +24,11 @@ read and the outputs written once (forward: q, k, v, out and, for eqattn, the fl
 forward+backward: q, k, v, c, dq, dk, dv and the saved out/lse), plus, for the implementations
 that hold the `n x m` weights in memory (xla, naive and eqattn's single pass), one float32 write
 and read of that matrix per `n x m` array the pass makes (forward 1; forward+backward 3: the
-weights, the recomputed or saved weights, and their gradient). The fused kernels (chunked, cuDNN)
-keep those tiles on chip and move only the inputs and outputs. Achieved bytes/s is compared with
-an elementwise pass over a large array measured in the same run (the bandwidth ceiling); a case
-whose fraction of bandwidth exceeds its fraction of the matmul rate is limited by memory.
+weights, the recomputed or saved weights, and their gradient). The fused kernels (chunked,
+Pallas, cuDNN, PyTorch's flash) keep those tiles on chip and move only the inputs and outputs.
+Achieved bytes/s is compared with an elementwise pass over a large array measured in the same
+run (the bandwidth ceiling); a case whose fraction of bandwidth exceeds its fraction of the matmul
+rate is limited by memory.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import jax.numpy as jnp
 
 import eqattn
 
+from . import _torch_sdpa
 from ._harness import copy_bandwidth, matmul_rate, print_table, time_interleaved
 
 HEADS, DIM = 8, 64
@@ -42,14 +53,18 @@ def _chunk(n: int) -> int:
     return 1024 if n >= 4096 else n // 4
 
 
-def _implementations(scale, n, fused):
+def _implementations(scale, n, dtype, quick: bool):
     """(name, function, whether it takes the [b, n, h, d] layout)."""
+    backend = jax.default_backend()
 
     def ours(q, k, v):
         return eqattn.attention_with_lse(q, k, v, beta=scale)
 
     def chunked(q, k, v):
         return eqattn.attention_with_lse(q, k, v, beta=scale, chunk_size=_chunk(n))
+
+    def pallas(q, k, v):
+        return eqattn.attention_with_lse(q, k, v, beta=scale, implementation="pallas")
 
     def xla(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="xla")
@@ -63,7 +78,10 @@ def _implementations(scale, n, fused):
         ("eqattn-chunked", chunked, False),
         ("naive", naive, False),
     ]
-    if fused:  # a GPU and bf16: cuDNN's kernel, directly and as eqattn.attention's "auto" choice
+    if backend == "gpu" or quick:
+        impls.append(("eqattn-pallas", pallas, False))
+    if backend == "gpu" and dtype == jnp.bfloat16:
+        # cuDNN's kernel, directly and as eqattn.attention's "auto" choice
 
         def cudnn(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
@@ -75,13 +93,14 @@ def _implementations(scale, n, fused):
     return impls
 
 
-_FUSED = ("eqattn-chunked", "cudnn", "eqattn.attention(auto)")
+_FUSED = ("eqattn-chunked", "eqattn-pallas", "cudnn", "eqattn.attention(auto)", "torch-sdpa-flash")
+_NO_LSE = ("eqattn.attention(auto)",)
 
 
 def _bytes(impl: str, mode: str, n: int, itemsize: int) -> int:
     """The least bytes a case moves (see the module docstring), for batch 1 and `HEADS` heads."""
     vec = n * DIM * itemsize
-    lse = 4 * n if impl.startswith("eqattn") and impl != "eqattn.attention(auto)" else 0
+    lse = 4 * n if impl.startswith("eqattn") and impl not in _NO_LSE else 0
     if mode == "forward":
         io = 4 * vec + lse  # q, k, v read; out written
         nm_arrays = 1
@@ -95,8 +114,10 @@ def _bytes(impl: str, mode: str, n: int, itemsize: int) -> int:
 def _grad(fn):
     def loss(q, k, v, c):
         out = fn(q, k, v)
-        out = out[0] if isinstance(out, tuple) else out
-        return jnp.sum(out * c)
+        if not isinstance(out, tuple):
+            return jnp.sum(out * c)
+        out, lse = out
+        return jnp.sum(out * c) + jnp.sum(lse * c[..., 0])
 
     return jax.grad(loss, argnums=(0, 1, 2))
 
@@ -114,7 +135,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     repeats = 3 if quick else 10
     gpu = jax.default_backend() == "gpu"
     scale = DIM**-0.5
-    rows, rates = [], {}
+    rows, rates, torch_version = [], {}, None
     bandwidth = copy_bandwidth(1 << 26 if quick else 1 << 28, repeats)
     for dtype, sizes in _configs(quick):
         dname = jnp.dtype(dtype).name
@@ -127,10 +148,14 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
                 "forward+backward": 10 * n * n * DIM * HEADS,
             }
             cases = {}
-            for name, fn, transpose in _implementations(scale, n, gpu and dtype == jnp.bfloat16):
+            for name, fn, transpose in _implementations(scale, n, dtype, quick):
                 args = tuple(jnp.swapaxes(x, 1, 2) if transpose else x for x in (q, k, v, c))
                 cases[(name, "forward")] = (fn, *args[:3])
                 cases[(name, "forward+backward")] = (_grad(fn), *args)
+            if _torch_sdpa.available(dtype):
+                torch_version = _torch_sdpa.version()
+                for mode, call in _torch_sdpa.cases(q, k, v, c, scale).items():
+                    cases[("torch-sdpa-flash", mode)] = (call,)
             timings = time_interleaved(cases, repeats=repeats)
             for (name, mode), t in timings.items():
                 base = timings[("xla", mode)]["median_s"]
@@ -177,5 +202,6 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         "bandwidth_gbps": bandwidth / 1e9,
         "heads": HEADS,
         "dim": DIM,
+        "torch": torch_version,
     }
     return rows, extra

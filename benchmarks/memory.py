@@ -3,8 +3,8 @@
 1. Core, forward+backward (gradient of `sum(out * c)` w.r.t. q, k, v), batch x heads = 4, d = 64,
    as n = m grows: `jax.nn.dot_product_attention(implementation="xla")` (dense), eqattn's single
    pass (forced: on CPU "xla" otherwise runs query tiles), eqattn's key chunks (1024 keys from
-   n = 4096 on, n / 4 below), and on CPU
-   eqattn's query tiles (what "auto" runs there). Temporary bytes = XLA's `temp_size_in_bytes`.
+   n = 4096 on, n / 4 below), and on CPU eqattn's query tiles (what "auto" runs there), off CPU
+   eqattn's fused Pallas kernel. Temporary bytes = XLA's `temp_size_in_bytes`.
    At n = m = 2048 the same cases are also timed (round-robin).
 2. Implicit vs unrolled backward of an `ImplicitAttention` layer as the number of solver steps
    grows (Picard, a fixed number of steps): the implicit adjoint's memory must stay flat.
@@ -78,6 +78,8 @@ def _core_cases(n: int):
     }
     if jax.default_backend() == "cpu":
         cases["eqattn-cpu-tiles"] = _grad(ours("xla"))
+    else:  # eqattn's fused kernel (on CPU it would be interpreted: not a memory figure)
+        cases["eqattn-pallas"] = _grad(ours("pallas"))
     return cases
 
 

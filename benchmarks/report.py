@@ -28,26 +28,40 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+# Columns beside eqattn's default pass, each where its results file has it.
+_CORE_EXTRA = (
+    ("eqattn-pallas", "eqattn pallas kernel ms (x xla)"),
+    ("eqattn.attention(auto)", "eqattn.attention, auto (cuDNN) ms (x xla)"),
+    ("cudnn", "cuDNN ms (x xla)"),
+    ("torch-sdpa-flash", "PyTorch SDPA flash ms (x xla)"),
+)
+
+
 def core(payload) -> str:
     rows = payload["rows"]
     by = {(r.get("dtype", "float32"), r["n"], r["mode"], r["impl"]): r for r in rows}
+    present = {r["impl"] for r in rows}
+    extra = [(impl, header) for impl, header in _CORE_EXTRA if impl in present]
+
+    def cell(r):
+        return "" if r is None else f"{r['ms']:.3g} ({r['ratio_to_xla']:.2f}x)"
+
     out = []
     for (dtype, n, mode, impl), r in by.items():
         if impl != "xla":
             continue
         ours = by[(dtype, n, mode, "eqattn")]
-        fused = by.get((dtype, n, mode, "eqattn.attention(auto)"))
         out.append(
             [
                 dtype,
                 n,
                 mode,
                 f"{r['ms']:.3g}",
-                f"{ours['ms']:.3g} ({ours['ratio_to_xla']:.2f}x)",
+                cell(ours),
                 f"{ours['frac_matmul']:.0%}",
                 f"{ours['frac_bandwidth']:.0%}" if "frac_bandwidth" in ours else "",
-                "" if fused is None else f"{fused['ms']:.3g} ({fused['ratio_to_xla']:.2f}x)",
             ]
+            + [cell(by.get((dtype, n, mode, name))) for name, _ in extra]
         )
     return _table(
         [
@@ -58,8 +72,8 @@ def core(payload) -> str:
             "eqattn ms (x xla)",
             "eqattn % of matmul",
             "eqattn % of bandwidth",
-            "eqattn.attention, auto (cuDNN) ms (x xla)",
-        ],
+        ]
+        + [header for _, header in extra],
         out,
     )
 

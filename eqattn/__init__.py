@@ -5,11 +5,11 @@ import importlib.metadata
 from . import nn as nn
 from ._attention import (
     attention as attention,
+    attention_with_lse as attention_with_lse,
     log_normalizer as log_normalizer,
     merge_heads as merge_heads,
     split_heads as split_heads,
 )
-from ._core import attention_with_lse as attention_with_lse
 from ._hopfield import hopfield_energy as hopfield_energy, hopfield_update as hopfield_update
 from ._implementation import select_implementation as select_implementation
 from ._measures import (

@@ -10,8 +10,73 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._core import Implementation, attention_with_lse, check_inputs
-from ._implementation import cudnn_attention, select_implementation
+from ._core import Implementation
+from ._implementation import dispatch
+
+
+def attention_with_lse(
+    queries: Float[ArrayLike, "*#batch n d"],
+    keys: Float[ArrayLike, "*#batch m d"],
+    values: Float[ArrayLike, "*#batch m dv"] | None = None,
+    *,
+    beta: float | Float[ArrayLike, "*#batch"] = 1.0,
+    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    chunk_size: int | None = None,
+    implementation: Implementation = "auto",
+) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
+    r"""Softmax attention and the log-normalizer of every query, in one pass.
+
+    With logits $s_{ij} = \beta\, q_i \cdot k_j$ over the keys $j$ that `mask` allows,
+
+    $$\mathrm{lse}_i = \log \sum_j e^{s_{ij}}, \qquad
+      \mathrm{out}_i = \sum_j e^{s_{ij} - \mathrm{lse}_i}\, v_j .$$
+
+    The softmax is computed in at least float32 (bf16/fp16 inputs are upcast, the outputs come
+    back in the inputs' dtype) and shifted by the row maximum, so logits of any size are safe. A
+    query whose mask excludes every key gets `lse = -inf` and `out = 0`, with zero gradients.
+
+    The backward pass (a custom VJP, cotangents of both `out` and `lse`) recomputes the weights
+    from the saved `lse` instead of storing the `n x m` attention matrix. It supports reverse-mode
+    autodiff (`grad`, `vjp`; on the XLA paths also reverse over reverse); forward-mode (`jvp`,
+    `jacfwd`) is not supported.
+
+    **Arguments:**
+
+    - `queries`: `[..., n, d]`.
+    - `keys`: `[..., m, d]`.
+    - `values`: `[..., m, dv]`; defaults to `keys`.
+    - `beta`: inverse temperature $\beta > 0$: a number or an array that broadcasts to the batch
+      axes `[...]` (e.g. shape `[heads]` for inputs `[..., heads, n, d]`). Differentiable.
+    - `mask`: boolean, `True` where query $i$ may attend to key $j$; broadcasts to `[..., n, m]`.
+    - `chunk_size`: process the keys in blocks of this many with a running (max, sum-exp, weighted
+      sum) (online softmax), forward and backward, so memory is $O(n \cdot \mathrm{chunk})$ rather
+      than $O(nm)$. `None` picks automatically: on CPU, tiles of queries (memory
+      $O(\mathrm{tile} \cdot m)$ per batch element); elsewhere, chunks of 1024 keys above $2^{26}$
+      logits per batch element, else a single pass. Results equal the single pass to round-off.
+    - `implementation`: `"auto"` (as just described), `"xla"` (never chunked), `"chunked"`
+      (blocks of `chunk_size`, default 1024, keys) or `"pallas"`: eqattn's fused kernel
+      (FlashAttention-2 tiling, compiled with Triton on NVIDIA GPUs; on CPU it runs in Pallas
+      interpret mode, which is slow and meant for tests), memory $O((n + m) d)$ forward and
+      backward; feature sizes up to 256. cuDNN's fused kernel (`"cudnn"`) returns no
+      log-sum-exp: it is available through [`eqattn.attention`][]. See
+      [`eqattn.select_implementation`][].
+
+    Leading (batch) axes of all arguments broadcast against each other.
+
+    **Returns:**
+
+    `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`.
+    """
+    return dispatch(
+        queries,
+        keys,
+        values,
+        beta=beta,
+        mask=mask,
+        chunk_size=chunk_size,
+        implementation=implementation,
+        need_lse=True,
+    )
 
 
 def log_normalizer(
@@ -67,16 +132,7 @@ def attention(
 
     **Returns:** `[..., n, dv]`.
     """
-    queries, keys = jnp.asarray(queries), jnp.asarray(keys)
-    values = keys if values is None else jnp.asarray(values)
-    mask = None if mask is None else jnp.asarray(mask)
-    check_inputs(queries, keys, values, jnp.asarray(beta), mask)
-    impl = select_implementation(
-        queries, keys, values, mask=mask, implementation=implementation, chunk_size=chunk_size
-    )
-    if impl == "cudnn":
-        return cudnn_attention(queries, keys, values, beta=jnp.asarray(beta), mask=mask)
-    return attention_with_lse(
+    return dispatch(
         queries,
         keys,
         values,
@@ -84,6 +140,7 @@ def attention(
         mask=mask,
         chunk_size=chunk_size,
         implementation=implementation,
+        need_lse=False,
     )[0]
 
 

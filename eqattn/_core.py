@@ -1,12 +1,14 @@
-r"""The log-normalizer core: one masked, numerically stable pass over the keys that returns the
-attention output and the log-sum-exp of every query.
+r"""The log-normalizer core in XLA: one masked, numerically stable pass over the keys that returns
+the attention output and the log-sum-exp of every query (the `"xla"` and `"chunked"`
+implementations), and the input checks every implementation shares.
 
 Everything in eqattn that needs $\log\sum_j e^{s_j}$ or a softmax-weighted mean calls
-[`eqattn.attention_with_lse`][] (directly or through `log_normalizer` / `attention`).
+[`eqattn.attention_with_lse`][] (directly or through `log_normalizer` / `attention`), which
+validates and flattens the inputs and picks an implementation (`_implementation.py`).
 
-Internally the work is done on flattened inputs `q [B, n, d]`, `k [B, m, d]`, `v [B, m, dv]`,
-`beta [B]` and `mask [1 or B, 1 or n, m]`. A custom VJP saves only `(out, lse)` and recomputes the
-weights in the backward pass, so no `n x m` array is kept between the two passes.
+The work is done on flattened inputs `q [B, n, d]`, `k [B, m, d]`, `v [B, m, dv]`, `beta [B]` and
+`mask [1 or B, 1 or n, m]`. A custom VJP saves only `(out, lse)` and recomputes the weights in the
+backward pass, so no `n x m` array is kept between the two passes.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jaxtyping import Array, ArrayLike, Bool, Float
 
-Implementation = Literal["auto", "xla", "chunked", "cudnn"]
-IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn")
+Implementation = Literal["auto", "xla", "chunked", "cudnn", "pallas"]
+IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "pallas")
 
 # On CPU the softmax (exp, max, sum over n x m logits) dominates, not the matmuls, and XLA does it
 # in several passes over memory. Working one batch element and a tile of queries at a time keeps the
@@ -49,7 +50,7 @@ def check_implementation(implementation, need_lse: bool) -> None:
     if need_lse and implementation == "cudnn":
         raise ValueError(
             "`implementation='cudnn'` returns no log-sum-exp: use it with `eqattn.attention`, "
-            "or pick 'auto', 'xla' or 'chunked' for the log-sum-exp."
+            "or pick 'auto', 'xla', 'chunked' or 'pallas' for the log-sum-exp."
         )
 
 
@@ -399,7 +400,8 @@ def _forward(q, k, v, beta, mask, chunk):
 
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention_core(q, k, v, beta, mask, chunk):
+def attention_core(q, k, v, beta, mask, chunk):
+    """`(out, lse)` of flattened inputs in the dtype of `v`; `chunk` from `chunk_spec`."""
     out, lse = _forward(q, k, v, beta, mask, chunk)
     return out.astype(v.dtype), lse.astype(v.dtype)
 
@@ -439,81 +441,4 @@ def _core_bwd(chunk, res, cotangents):
     )
 
 
-_attention_core.defvjp(_core_fwd, _core_bwd)
-
-
-def attention_with_lse(
-    queries: Float[ArrayLike, "*#batch n d"],
-    keys: Float[ArrayLike, "*#batch m d"],
-    values: Float[ArrayLike, "*#batch m dv"] | None = None,
-    *,
-    beta: float | Float[ArrayLike, "*#batch"] = 1.0,
-    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
-    chunk_size: int | None = None,
-    implementation: Implementation = "auto",
-) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
-    r"""Softmax attention and the log-normalizer of every query, in one pass.
-
-    With logits $s_{ij} = \beta\, q_i \cdot k_j$ over the keys $j$ that `mask` allows,
-
-    $$\mathrm{lse}_i = \log \sum_j e^{s_{ij}}, \qquad
-      \mathrm{out}_i = \sum_j e^{s_{ij} - \mathrm{lse}_i}\, v_j .$$
-
-    The softmax is computed in at least float32 (bf16/fp16 inputs are upcast, the outputs come
-    back in the inputs' dtype) and shifted by the row maximum, so logits of any size are safe. A
-    query whose mask excludes every key gets `lse = -inf` and `out = 0`, with zero gradients.
-
-    The backward pass (a custom VJP) recomputes the weights from the saved `lse` instead of storing
-    the `n x m` attention matrix. It supports reverse-mode autodiff (`grad`, `vjp`, and reverse over
-    reverse); forward-mode (`jvp`, `jacfwd`) is not supported.
-
-    **Arguments:**
-
-    - `queries`: `[..., n, d]`.
-    - `keys`: `[..., m, d]`.
-    - `values`: `[..., m, dv]`; defaults to `keys`.
-    - `beta`: inverse temperature $\beta > 0$: a number or an array that broadcasts to the batch
-      axes `[...]` (e.g. shape `[heads]` for inputs `[..., heads, n, d]`). Differentiable.
-    - `mask`: boolean, `True` where query $i$ may attend to key $j$; broadcasts to `[..., n, m]`.
-    - `chunk_size`: process the keys in blocks of this many with a running (max, sum-exp, weighted
-      sum) (online softmax), forward and backward, so memory is $O(n \cdot \mathrm{chunk})$ rather
-      than $O(nm)$. `None` picks automatically: on CPU, tiles of queries (memory
-      $O(\mathrm{tile} \cdot m)$ per batch element); elsewhere, chunks of 1024 keys above $2^{26}$
-      logits per batch element, else a single pass. Results equal the single pass to round-off.
-    - `implementation`: `"auto"` (as just described), `"xla"` (never chunked), or `"chunked"`
-      (blocks of `chunk_size`, default 1024, keys). cuDNN's fused kernel (`"cudnn"`) returns no
-      log-sum-exp: it is available through [`eqattn.attention`][].
-
-    Leading (batch) axes of all arguments broadcast against each other.
-
-    **Returns:**
-
-    `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`.
-    """
-    queries = jnp.asarray(queries)
-    keys = jnp.asarray(keys)
-    values = keys if values is None else jnp.asarray(values)
-    beta = jnp.asarray(beta)
-    mask = None if mask is None else jnp.asarray(mask)
-    batch = check_inputs(queries, keys, values, beta, mask)
-    check_implementation(implementation, need_lse=True)
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"`chunk_size` must be a positive int or None; got {chunk_size!r}.")
-    (n, d), (m, dv) = queries.shape[-2:], values.shape[-2:]
-    dtype = jnp.result_type(queries, keys, values)
-    B = int(np.prod(batch, dtype=np.int64))
-
-    def flat(x, tail):
-        return jnp.broadcast_to(x.astype(dtype), batch + tail).reshape((B,) + tail)
-
-    q, k, v = flat(queries, (n, d)), flat(keys, (m, d)), flat(values, (m, dv))
-    b = jnp.broadcast_to(beta.astype(_compute_dtype(dtype)), batch).reshape(B)
-    if mask is not None:
-        # Broadcast along m only; keep a mask shared over the batch (or over queries) un-copied.
-        mask_batch, mask_n = mask.shape[:-2], mask.shape[-2] if mask.ndim >= 2 else 1
-        if any(s != 1 for s in mask_batch):
-            mask = jnp.broadcast_to(mask, batch + (mask_n, m)).reshape(B, mask_n, m)
-        else:
-            mask = jnp.broadcast_to(mask, (mask_n, m)).reshape(1, mask_n, m)
-    out, lse = _attention_core(q, k, v, b, mask, chunk_spec(n, m, chunk_size, implementation))
-    return out.reshape(batch + (n, dv)), lse.reshape(batch + (n,))
+attention_core.defvjp(_core_fwd, _core_bwd)

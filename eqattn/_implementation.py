@@ -1,13 +1,18 @@
-r"""Which implementation computes attention: eqattn's own passes, or cuDNN's fused kernel.
+r"""The one dispatch: inputs validated and flattened once, then one implementation computes.
 
 - `"xla"`: eqattn's single pass (on CPU, tile by tile over the queries), with its recomputing VJP.
 - `"chunked"`: eqattn's key-chunked (online-softmax) pass: memory $O(n \cdot \mathrm{chunk})$.
+- `"pallas"`: eqattn's fused kernel (FlashAttention-2 tiling in Pallas, Triton on NVIDIA GPUs;
+  interpreted on CPU, for tests): memory $O((n + m) d)$, and a log-sum-exp that is an output you
+  can differentiate.
 - `"cudnn"`: `jax.nn.dot_product_attention(..., implementation="cudnn")` (flash attention on
   NVIDIA GPUs). It returns no log-sum-exp, so it can serve [`eqattn.attention`][] only.
 - `"auto"`: cuDNN when it can run the inputs and no log-sum-exp is needed (a CUDA GPU, bf16/fp16
   inputs of one dtype, one feature size $d = d_v \le 128$ with $8 \mid d$, no mask); otherwise
   `"chunked"` when `chunk_size` is given or, off CPU, above $2^{26}$ logits per batch element;
-  otherwise `"xla"`.
+  otherwise `"xla"`. (`"auto"` does not take `"pallas"` until GPU benchmarks show where it wins.)
+
+No implementation calls back into this module.
 """
 
 from __future__ import annotations
@@ -20,9 +25,15 @@ import numpy as np
 
 from . import _core
 from ._core import Implementation, check_implementation
+from ._pallas import attention_core as pallas_attention_core
 
 # What `jax.nn.dot_product_attention` is asked for (the tests run the wrapper on CPU with "xla").
 _FUSED = "cudnn"
+
+# The fused kernel's limits: head sizes up to this (wider tiles no longer fit the registers), and
+# the dtypes it compiles for on a GPU (float64 runs in interpret mode only).
+_PALLAS_MAX_FEATURES = 256
+_PALLAS_GPU_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
 def cudnn_unsupported(queries, keys, values, mask, backend: str) -> str | None:
@@ -47,6 +58,22 @@ def cudnn_unsupported(queries, keys, values, mask, backend: str) -> str | None:
     return None
 
 
+def pallas_unsupported(queries, keys, values, backend: str) -> str | None:
+    """Why eqattn's fused kernel cannot run these inputs, or None if it can."""
+    if backend not in ("gpu", "cpu"):
+        return (
+            "it is compiled for NVIDIA GPUs (Triton) and interpreted on CPU (for tests); the "
+            f"backend is {backend!r}"
+        )
+    d, dv = queries.shape[-1], values.shape[-1]
+    if max(d, dv) > _PALLAS_MAX_FEATURES:
+        return f"it needs feature sizes d, dv <= {_PALLAS_MAX_FEATURES}; got d = {d}, dv = {dv}"
+    dtype = jnp.dtype(jnp.result_type(queries.dtype, keys.dtype, values.dtype))
+    if backend == "gpu" and dtype not in _PALLAS_GPU_DTYPES:
+        return f"on a GPU it needs float32, bfloat16 or float16 inputs; got {dtype}"
+    return None
+
+
 def select_implementation(
     queries,
     keys,
@@ -57,26 +84,34 @@ def select_implementation(
     chunk_size: int | None = None,
     need_lse: bool = False,
     backend: str | None = None,
-) -> Literal["xla", "chunked", "cudnn"]:
-    """The implementation that `attention` (`need_lse=False`) or `attention_with_lse`
+) -> Literal["xla", "chunked", "cudnn", "pallas"]:
+    r"""The implementation that `attention` (`need_lse=False`) or `attention_with_lse`
     (`need_lse=True`) runs for these inputs.
 
     Arrays or `jax.ShapeDtypeStruct`s are accepted (only shapes and dtypes are read). `backend`
     defaults to `jax.default_backend()`; pass `"gpu"` to see what a GPU would run. An explicit
     choice that cannot run raises a `ValueError` saying why.
+
+    The rule for `"auto"`: cuDNN where it can run the inputs and no log-sum-exp is asked for
+    (a GPU, bf16/fp16, $d = d_v \le 128$, $8 \mid d$, no mask); else the key-chunked pass when
+    `chunk_size` is given or, off CPU, above $2^{26}$ logits per batch element; else `"xla"`.
+    `"pallas"` runs only when asked for: its GPU speed is not yet measured against these.
     """
     backend = jax.default_backend() if backend is None else backend
     values = keys if values is None else values
     check_implementation(implementation, need_lse=need_lse)
-    if implementation == "cudnn":
-        reason = cudnn_unsupported(queries, keys, values, mask, backend)
+    if implementation in ("cudnn", "pallas"):
+        if implementation == "cudnn":
+            reason = cudnn_unsupported(queries, keys, values, mask, backend)
+        else:
+            reason = pallas_unsupported(queries, keys, values, backend)
         if reason is not None:
             raise ValueError(
-                f"`implementation='cudnn'` cannot run these inputs: {reason} (queries "
+                f"`implementation={implementation!r}` cannot run these inputs: {reason} (queries "
                 f"{tuple(queries.shape)}, keys {tuple(keys.shape)}, values "
                 f"{tuple(values.shape)})."
             )
-        return "cudnn"
+        return implementation
     if implementation in ("xla", "chunked"):
         return implementation
     if (
@@ -90,13 +125,64 @@ def select_implementation(
     return "chunked" if explicit or (size is not None and backend != "cpu") else "xla"
 
 
-def cudnn_attention(queries, keys, values, *, beta, mask):
+def _as_arrays(queries, keys, values, beta, mask):
+    queries, keys = jnp.asarray(queries), jnp.asarray(keys)
+    values = keys if values is None else jnp.asarray(values)
+    mask = None if mask is None else jnp.asarray(mask)
+    return queries, keys, values, jnp.asarray(beta), mask
+
+
+def dispatch(
+    queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool
+) -> tuple[jax.Array, jax.Array | None]:
+    """Validate, choose the implementation, run it: `(out, lse)` (`lse` None from cuDNN)."""
+    queries, keys, values, beta, mask = _as_arrays(queries, keys, values, beta, mask)
+    batch = _core.check_inputs(queries, keys, values, beta, mask)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"`chunk_size` must be a positive int or None; got {chunk_size!r}.")
+    choice = select_implementation(
+        queries,
+        keys,
+        values,
+        mask=mask,
+        implementation=implementation,
+        chunk_size=chunk_size,
+        need_lse=need_lse,
+    )
+    if choice == "cudnn":
+        return _cudnn_attention(queries, keys, values, beta, mask, batch), None
+
+    (n, d), (m, dv) = queries.shape[-2:], values.shape[-2:]
+    dtype = jnp.result_type(queries, keys, values)
+    B = int(np.prod(batch, dtype=np.int64))
+
+    def flat(x, tail):
+        return jnp.broadcast_to(x.astype(dtype), batch + tail).reshape((B,) + tail)
+
+    q, k, v = flat(queries, (n, d)), flat(keys, (m, d)), flat(values, (m, dv))
+    b = jnp.broadcast_to(beta.astype(jnp.promote_types(dtype, jnp.float32)), batch).reshape(B)
+    if mask is not None:
+        # Broadcast along m only; keep a mask shared over the batch (or over queries) un-copied.
+        mask_batch, mask_n = mask.shape[:-2], mask.shape[-2] if mask.ndim >= 2 else 1
+        if any(s != 1 for s in mask_batch):
+            mask = jnp.broadcast_to(mask, batch + (mask_n, m)).reshape(B, mask_n, m)
+        else:  # leading axes all of size 1 (or none)
+            rows = mask.reshape(mask.shape[-2:]) if mask.ndim >= 2 else mask
+            mask = jnp.broadcast_to(rows, (mask_n, m)).reshape(1, mask_n, m)
+    if choice == "pallas":
+        out, lse = pallas_attention_core(q, k, v, b, mask)
+    else:
+        chunk = _core.chunk_spec(n, m, chunk_size, implementation)
+        out, lse = _core.attention_core(q, k, v, b, mask, chunk)
+    return out.reshape(batch + (n, dv)), lse.reshape(batch + (n,))
+
+
+def _cudnn_attention(queries, keys, values, beta, mask, batch):
     """Attention through `jax.nn.dot_product_attention(implementation="cudnn")`.
 
-    Inputs as `eqattn.attention` (already checked); beta is folded into the queries (or into
-    `scale` when it is a concrete number); a query whose mask excludes every key gets 0.
+    Inputs already checked; beta is folded into the queries (or into `scale` when it is a concrete
+    number); a query whose mask excludes every key gets 0.
     """
-    batch = _core.check_inputs(queries, keys, values, beta, mask)
     (n, d), (m, dv) = queries.shape[-2:], values.shape[-2:]
     B = int(np.prod(batch, dtype=np.int64))
 
@@ -115,10 +201,18 @@ def cudnn_attention(queries, keys, values, *, beta, mask):
         if any(s != 1 for s in mask.shape[:-2]):
             mask4 = jnp.broadcast_to(mask, batch + (mask_n, m)).reshape(B, 1, mask_n, m)
         else:
-            mask4 = jnp.broadcast_to(mask, (mask_n, m)).reshape(1, 1, mask_n, m)
+            rows = mask.reshape(mask.shape[-2:]) if mask.ndim >= 2 else mask
+            mask4 = jnp.broadcast_to(rows, (mask_n, m)).reshape(1, 1, mask_n, m)
     out = jax.nn.dot_product_attention(q, k, v, mask=mask4, scale=scale, implementation=_FUSED)
     out = out.reshape(batch + (n, dv))
     if mask is not None:
         any_key = jnp.any(jnp.broadcast_to(mask, batch + (mask_n, m)), axis=-1)
         out = jnp.where(any_key[..., None], out, 0)
     return out
+
+
+def cudnn_attention(queries, keys, values, *, beta, mask):
+    """[`eqattn.attention`][] through cuDNN's kernel, whatever the selection rule says (tests)."""
+    queries, keys, values, beta, mask = _as_arrays(queries, keys, values, beta, mask)
+    batch = _core.check_inputs(queries, keys, values, beta, mask)
+    return _cudnn_attention(queries, keys, values, beta, mask, batch)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ._core import attention_with_lse
+from ._attention import attention_with_lse
 
 
 def _as_queries(eta: Array, d: int, name: str = "eta") -> Array:

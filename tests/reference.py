@@ -18,3 +18,23 @@ def attention_with_lse(q, k, v=None, beta=1.0, mask=None):
         lse = smax[..., 0] + np.log(total)
     out = np.einsum("...nm,...md->...nd", p, v) / np.where(total > 0, total, 1.0)[..., None]
     return out, lse
+
+
+def dense_attention_with_lse(q, k, v, beta, mask=None):
+    """The same in jax.numpy, dense, with no custom derivative rule: jax's autodiff of it is a
+    reference for hand-written backward passes. Run it in float64."""
+    import jax
+    import jax.numpy as jnp
+
+    s = jnp.einsum("...nd,...md->...nm", q, k) * jnp.asarray(beta)[..., None, None]
+    if mask is not None:
+        s = jnp.where(mask, s, -jnp.inf)
+    smax = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf))
+    e = jnp.exp(s - jnp.where(jnp.isfinite(smax), smax, 0.0))
+    total = e.sum(-1)
+    some = total > 0
+    safe = jnp.where(some, total, 1.0)
+    lse = jnp.where(
+        some, jnp.where(jnp.isfinite(smax[..., 0]), smax[..., 0], 0) + jnp.log(safe), -jnp.inf
+    )
+    return jnp.einsum("...nm,...md->...nd", e, v) / safe[..., None], lse

@@ -308,3 +308,13 @@ def test_traced_beta_and_beta_gradient(rng):
 def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         eqattn.attention_with_lse(**kwargs)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "chunked", "pallas"])
+def test_mask_with_leading_unit_axes(rng, implementation):
+    # A [1, n, m] (or [1, 1, m]) mask against a batch of 2.
+    q, k, v, _, _ = _inputs(rng, (2, 5, 3), (2, 7, 3), (2, 7, 2), (), None)
+    for mask in (np.tril(np.ones((5, 7), bool))[None], np.arange(7)[None, None] < 4):
+        out, lse = eqattn.attention_with_lse(q, k, v, mask=mask, implementation=implementation)
+        ref_out, ref_lse = reference.attention_with_lse(q, k, v, 1.0, mask)
+        _assert_matches(out, lse, ref_out, ref_lse, 1e-12)

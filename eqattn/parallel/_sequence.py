@@ -18,7 +18,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._core import attention_with_lse, check_inputs
+from .._attention import attention_with_lse
+from .._core import check_inputs
 
 
 def _varying(x, axis):
