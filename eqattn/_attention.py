@@ -55,9 +55,9 @@ def attention_with_lse(
       logits per batch element, else a single pass. Results equal the single pass to round-off.
     - `implementation`: `"auto"` (as just described), `"xla"` (never chunked), `"chunked"`
       (blocks of `chunk_size`, default 1024, keys) or `"pallas"`: eqattn's fused kernel
-      (FlashAttention-2 tiling, compiled with Triton on NVIDIA GPUs; on CPU it runs in Pallas
-      interpret mode, which is slow and meant for tests), memory $O((n + m) d)$ forward and
-      backward; feature sizes up to 256. cuDNN's fused kernel (`"cudnn"`) returns no
+      (FlashAttention-2 tiling, compiled with Triton on NVIDIA GPUs and Mosaic on TPUs; on CPU it
+      runs in Pallas interpret mode, which is slow and meant for tests), memory $O((n + m) d)$
+      forward and backward; feature sizes up to 256. cuDNN's fused kernel (`"cudnn"`) returns no
       log-sum-exp: it is available through [`eqattn.attention`][]. See
       [`eqattn.select_implementation`][].
 

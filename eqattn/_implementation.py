@@ -2,9 +2,9 @@ r"""The one dispatch: inputs validated and flattened once, then one implementati
 
 - `"xla"`: eqattn's single pass (on CPU, tile by tile over the queries), with its recomputing VJP.
 - `"chunked"`: eqattn's key-chunked (online-softmax) pass: memory $O(n \cdot \mathrm{chunk})$.
-- `"pallas"`: eqattn's fused kernel (FlashAttention-2 tiling in Pallas, Triton on NVIDIA GPUs;
-  interpreted on CPU, for tests): memory $O((n + m) d)$, and a log-sum-exp that is an output you
-  can differentiate.
+- `"pallas"`: eqattn's fused kernel (FlashAttention-2 tiling in Pallas: Triton on NVIDIA GPUs,
+  Mosaic on TPUs; interpreted on CPU, for tests): memory $O((n + m) d)$, and a log-sum-exp that is
+  an output you can differentiate.
 - `"cudnn"`: `jax.nn.dot_product_attention(..., implementation="cudnn")` (flash attention on
   NVIDIA GPUs). It returns no log-sum-exp, so it can serve [`eqattn.attention`][] only.
 - `"auto"`: cuDNN when it can run the inputs and no log-sum-exp is needed (a CUDA GPU, bf16/fp16
@@ -31,9 +31,12 @@ from ._pallas import attention_core as pallas_attention_core
 _FUSED = "cudnn"
 
 # The fused kernel's limits: head sizes up to this (wider tiles no longer fit the registers), and
-# the dtypes it compiles for on a GPU (float64 runs in interpret mode only).
+# the dtypes it compiles for on each accelerator (float64 runs in interpret mode, on CPU, only).
 _PALLAS_MAX_FEATURES = 256
-_PALLAS_GPU_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+_PALLAS_DTYPES = {
+    "gpu": tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32))),
+    "tpu": tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float32))),
+}
 
 
 def cudnn_unsupported(queries, keys, values, mask, backend: str) -> str | None:
@@ -60,17 +63,19 @@ def cudnn_unsupported(queries, keys, values, mask, backend: str) -> str | None:
 
 def pallas_unsupported(queries, keys, values, backend: str) -> str | None:
     """Why eqattn's fused kernel cannot run these inputs, or None if it can."""
-    if backend not in ("gpu", "cpu"):
+    if backend not in ("gpu", "tpu", "cpu"):
         return (
-            "it is compiled for NVIDIA GPUs (Triton) and interpreted on CPU (for tests); the "
-            f"backend is {backend!r}"
+            "it is compiled for NVIDIA GPUs (Triton) and TPUs (Mosaic), and interpreted on CPU "
+            f"(for tests); the backend is {backend!r}"
         )
     d, dv = queries.shape[-1], values.shape[-1]
     if max(d, dv) > _PALLAS_MAX_FEATURES:
         return f"it needs feature sizes d, dv <= {_PALLAS_MAX_FEATURES}; got d = {d}, dv = {dv}"
     dtype = jnp.dtype(jnp.result_type(queries.dtype, keys.dtype, values.dtype))
-    if backend == "gpu" and dtype not in _PALLAS_GPU_DTYPES:
-        return f"on a GPU it needs float32, bfloat16 or float16 inputs; got {dtype}"
+    allowed = _PALLAS_DTYPES.get(backend)
+    if allowed is not None and dtype not in allowed:
+        names = ", ".join(a.name for a in allowed)
+        return f"on a {backend.upper()} it needs {names} inputs; got {dtype}"
     return None
 
 

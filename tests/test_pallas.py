@@ -2,8 +2,9 @@
 
 On CPU the kernel runs in Pallas interpret mode: outputs, log-sum-exp and gradients (cotangents on
 both outputs) against float64 references; masks with fully masked rows, ragged sizes, d != dv,
-one token, huge logits, bf16/fp16. Its lowering for CUDA (Triton) is checked with `jax.export` from
-this host. On a GPU, the compiled kernel against the float64 reference.
+one token, huge logits, bf16/fp16; the TPU kernels, interpreted, as well. Lowering for CUDA (Triton)
+and TPU (Mosaic) is checked with `jax.export` from this host. On a GPU, the compiled kernel against
+the float64 reference.
 """
 
 import re
@@ -16,14 +17,17 @@ from jax import export
 from jax.test_util import check_grads
 
 import eqattn
-from eqattn._pallas import _attention as kernel, _triton
+from eqattn._pallas import _attention as kernel, _mosaic, _triton
 
 from . import reference
 
 PALLAS = {"implementation": "pallas"}
 # Blocks of 16: the loops over key and query blocks, and the padding of ragged sizes, all run at
 # the small sizes interpret mode can afford.
-SMALL = _triton.Blocks(16, 16, 16, 16)
+SMALL = kernel.Config(triton=_triton.Blocks(16, 16, 16, 16))
+# The TPU (Mosaic) kernels, interpreted on CPU, with blocks of 16.
+SMALL_TPU = kernel.Config(mosaic=_mosaic.Blocks(16, 16), interpret="mosaic")
+VARIANTS = pytest.mark.parametrize("config", [SMALL, SMALL_TPU], ids=["triton", "mosaic"])
 
 
 def _inputs(rng, qs, ks, vs, bs, ms, dtype=np.float64, scale=1.0):
@@ -35,9 +39,9 @@ def _inputs(rng, qs, ks, vs, bs, ms, dtype=np.float64, scale=1.0):
     return q, k, v, beta, mask
 
 
-def _core(q, k, v, beta, mask, blocks=SMALL):
+def _core(q, k, v, beta, mask, config=SMALL):
     """The kernel on flattened inputs `[B, n, d]` with small blocks."""
-    return kernel.attention_core(q, k, v, beta, mask, blocks)
+    return kernel.attention_core(q, k, v, beta, mask, config)
 
 
 def _assert_lse(lse, ref, tol):
@@ -96,24 +100,27 @@ KERNEL_SHAPES = [
 
 def _kernel_inputs(rng, B, n, m, d, dv, ms, dtype=np.float64, scale=1.0):
     q, k, v, beta, mask = _inputs(rng, (B, n, d), (B, m, d), (B, m, dv), (B,), ms, dtype, scale)
-    if mask is not None:
-        mask[..., 0, :] = False  # the first query (every query, for a shared row) sees nothing
-        if ms[1] != 1:
-            mask[..., 1, :] = True
+    if mask is not None and ms[1] != 1:
+        mask[..., 0, :] = False  # the first query sees nothing
+        mask[..., 1, :] = True
+    elif mask is not None and ms[0] != 1:
+        mask[0] = False  # one row for every query: the first batch element sees nothing
     return q, k, v, beta, mask
 
 
+@VARIANTS
 @pytest.mark.parametrize("shapes", KERNEL_SHAPES)
-def test_kernel_matches_reference(rng, shapes):
+def test_kernel_matches_reference(rng, shapes, config):
     q, k, v, beta, mask = _kernel_inputs(rng, *shapes)
-    out, lse = _core(q, k, v, beta, mask)
+    out, lse = _core(q, k, v, beta, mask, config)
     ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, mask)
     np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
     _assert_lse(lse, ref_lse, 1e-12)
 
 
+@VARIANTS
 @pytest.mark.parametrize("shapes", KERNEL_SHAPES)
-def test_kernel_gradients_match_reference(rng, shapes):
+def test_kernel_gradients_match_reference(rng, shapes, config):
     # Random cotangents on out and on lse; the reference is jax's autodiff of the dense float64
     # formula, which shares nothing with the kernel's hand-written backward.
     q, k, v, beta, mask = _kernel_inputs(rng, *shapes)
@@ -124,13 +131,14 @@ def test_kernel_gradients_match_reference(rng, shapes):
         (out, lse), vjp = jax.vjp(fn, q, k, v, beta)
         return out, lse, vjp((g_out, g_lse))
 
-    *_, grads = pull(jax.jit(lambda *a: _core(*a, mask)))
+    *_, grads = pull(jax.jit(lambda *a: _core(*a, mask, config)))
     *_, ref = pull(lambda *a: reference.dense_attention_with_lse(*a, mask))
     for name, g, r in zip(("q", "k", "v", "beta"), grads, ref):
         assert g.shape == r.shape, name
         np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10, err_msg=name)
-    if mask is not None:  # the query with no key gets no gradient, whatever its lse cotangent
-        assert np.all(grads[0][:, 0] == 0)
+    if mask is not None:  # a query with no key gets no gradient, whatever its lse cotangent
+        none = np.broadcast_to(~mask.any(-1), (B, n))
+        assert np.all(np.asarray(grads[0])[none] == 0)
 
 
 def test_kernel_gradients_match_finite_differences(rng):
@@ -177,15 +185,16 @@ def test_huge_logits(rng, dtype):
     assert np.all(np.isfinite(g))
 
 
+@VARIANTS
 @pytest.mark.parametrize("dtype, tol", [(jnp.bfloat16, 2e-2), (jnp.float16, 3e-3)])
-def test_low_precision(rng, dtype, tol):
+def test_low_precision(rng, dtype, tol, config):
     # Compared with float64 on the same (rounded) inputs. The kernel rounds the weights to the
     # inputs' dtype before each matmul with the values (as FlashAttention does): errors of the
     # order of that dtype's epsilon, relative to the whole output.
     q, k, v, beta, mask = _kernel_inputs(rng, 2, 40, 36, 8, 8, (2, 40, 36), scale=2.0)
     q, k, v = (jnp.asarray(x, dtype) for x in (q, k, v))
     beta = jnp.asarray(beta, jnp.float32)
-    out, lse = _core(q, k, v, beta, mask)
+    out, lse = _core(q, k, v, beta, mask, config)
     assert out.dtype == dtype and lse.dtype == dtype
     q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
     ref_out, ref_lse = reference.attention_with_lse(q64, k64, v64, np.asarray(beta), mask)
@@ -194,7 +203,7 @@ def test_low_precision(rng, dtype, tol):
 
     g_out = np.asarray(rng.normal(size=out.shape), np.float64)
     g_lse = np.asarray(rng.normal(size=lse.shape), np.float64)
-    _, vjp = jax.vjp(lambda *a: _core(*a, mask), q, k, v, beta)
+    _, vjp = jax.vjp(lambda *a: _core(*a, mask, config), q, k, v, beta)
     grads = vjp((jnp.asarray(g_out, dtype), jnp.asarray(g_lse, dtype)))
     _, ref_vjp = jax.vjp(
         lambda *a: reference.dense_attention_with_lse(*a, mask), q64, k64, v64, np.asarray(beta)
@@ -242,7 +251,8 @@ S = jax.ShapeDtypeStruct
 @pytest.mark.parametrize(
     "q, k, v, kw, match",
     [
-        (S((4, 8), jnp.float32), S((4, 8), jnp.float32), None, {"backend": "tpu"}, "backend is"),
+        (S((4, 8), jnp.float32), S((4, 8), jnp.float32), None, {"backend": "metal"}, "backend is"),
+        (S((4, 8), jnp.float16), S((4, 8), jnp.float16), None, {"backend": "tpu"}, "float16"),
         (S((4, 300), jnp.bfloat16), S((4, 300), jnp.bfloat16), None, {}, "d, dv <= 256"),
         (S((4, 8), jnp.float32), S((4, 8), jnp.float32), S((4, 512), jnp.float32), {}, "dv = 512"),
         (S((4, 8), jnp.float64), S((4, 8), jnp.float64), None, {"backend": "gpu"}, "float64"),
@@ -255,7 +265,7 @@ def test_selection_errors(q, k, v, kw, match):
 
 def test_selection():
     q = S((2, 4096, 64), jnp.bfloat16)
-    for backend in ("cpu", "gpu"):
+    for backend in ("cpu", "gpu", "tpu"):
         for need_lse in (False, True):
             choice = eqattn.select_implementation(
                 q, q, implementation="pallas", backend=backend, need_lse=need_lse
@@ -265,11 +275,12 @@ def test_selection():
     assert eqattn.select_implementation(q, q, backend="gpu", need_lse=True) == "xla"
 
 
-# --- lowering for CUDA from this host -----------------------------------------------------------
+# --- lowering for CUDA (Triton) and TPU (Mosaic) from this host --------------------------------
 
-_CHECKS = [export.DisabledSafetyCheck.custom_call(n) for n in ("__gpu$xla.gpu.triton",)]
+_CUSTOM_CALLS = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 
 
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
 @pytest.mark.parametrize(
     "dtype, B, n, m, d, dv, mask",
     [
@@ -280,7 +291,10 @@ _CHECKS = [export.DisabledSafetyCheck.custom_call(n) for n in ("__gpu$xla.gpu.tr
         (jnp.float32, 70000, 32, 16, 64, 64, None),  # a batch too large for a minor grid axis
     ],
 )
-def test_lowers_for_cuda(dtype, B, n, m, d, dv, mask):
+def test_lowers(platform, dtype, B, n, m, d, dv, mask):
+    if platform == "tpu" and dtype == jnp.float16:
+        dtype = jnp.bfloat16
+
     def loss(q, k, v, beta, mask):
         out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, **PALLAS)
         return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse.astype(jnp.float32))
@@ -288,11 +302,13 @@ def test_lowers_for_cuda(dtype, B, n, m, d, dv, mask):
     args = [S((B, n, d), dtype), S((B, m, d), dtype), S((B, m, dv), dtype), S((B,), jnp.float32)]
     args.append(None if mask is None else S(mask, jnp.bool_))
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
-    exported = export.export(grad, platforms=["cuda"], disabled_checks=_CHECKS)(*args)
-    text = exported.mlir_module()
-    for name in ("forward", "dkdv", "dq"):  # the three kernels, compiled by Triton
-        assert f'name = "eqattn_attention_{name}"' in text, name
-    assert text.count("__gpu$xla.gpu.triton") == 3
+    call = _CUSTOM_CALLS[platform]
+    checks = [export.DisabledSafetyCheck.custom_call(call)]
+    text = export.export(grad, platforms=[platform], disabled_checks=checks)(*args).mlir_module()
+    assert text.count(f"@{call}(") == 3  # the three kernels, and nothing interpreted
+    for name in ("forward", "dkdv", "dq"):
+        assert f"eqattn_attention_{name}" in text, name
+    assert "stablehlo.while" not in text
     # no n x m array of logits or weights outside the kernels
     assert not re.search(rf"\b{n}x{m}x(b?f\d+)", text)
 

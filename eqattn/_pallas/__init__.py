@@ -1,3 +1,4 @@
-"""eqattn's fused attention kernel in Pallas (Triton on NVIDIA GPUs, interpret mode on CPU)."""
+"""eqattn's fused attention kernels in Pallas: Triton on NVIDIA GPUs, Mosaic on TPUs, interpret
+mode on CPU (tests)."""
 
 from ._attention import attention_core as attention_core

@@ -7,46 +7,34 @@ blocks, features to a power of two, at least 16, with zeros) and the kernels mas
 Memory is $O((n + m) d)$ forward and backward: no `n x m` array is formed outside the kernels'
 tiles (a per-query mask, the caller's own `n x m` array, is read in tiles).
 
-Which lowering runs is decided by the platform being compiled for (`jax.lax.platform_dependent`),
-not by the default backend: Triton on CUDA GPUs, Pallas interpret mode on CPU (slow; for tests),
-so that a model exported for GPUs from a CPU host carries the real kernel.
+Which kernels run is decided by the platform being compiled for (`jax.lax.platform_dependent`),
+not by the default backend: Triton's on CUDA GPUs, Mosaic's on TPUs, and on CPU the Triton ones
+in Pallas interpret mode (slow; for tests). So a model exported for GPUs from a CPU host carries
+the real kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools as ft
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _triton
+from . import _mosaic, _tile, _triton
 
-LOG2E = math.log2(math.e)
-
-
-def _pow2(x: int, least: int = 16) -> int:
-    return max(least, 1 << max(0, int(x) - 1).bit_length())
+_KERNELS = {"triton": _triton, "mosaic": _mosaic}
 
 
-def blocks_for(n: int, m: int, d: int, dv: int, dtype) -> _triton.Blocks:
-    """Default tiles: FlashAttention-2's shapes, smaller for wide heads (whose tiles would spill
-    registers), and no larger than the padded sizes themselves."""
-    width = max(d, dv)
-    wide = width > 128 or (width > 64 and jnp.dtype(dtype).itemsize >= 4)
-    bq, bk = (64, 32) if wide else (128, 64)
-    bq_bwd, bk_bwd = (32, 32) if wide else (64, 64)
-    nq, nk = _pow2(n), _pow2(m)
-    return _triton.Blocks(
-        block_q=min(bq, nq),
-        block_k=min(bk, nk),
-        block_q_bwd=min(bq_bwd, nq),
-        block_k_bwd=min(bk_bwd, nk),
-        num_warps=4 if width <= 64 else 8,
-        num_warps_bwd=4 if width <= 64 else 8,
-        num_stages=2,
-    )
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Static settings: tile sizes per backend (None: by the shapes) and which kernels CPU
+    interprets (`"triton"`, or `"mosaic"` to test the TPU ones)."""
+
+    triton: _triton.Blocks | None = None
+    mosaic: _mosaic.Blocks | None = None
+    interpret: str = "triton"
 
 
 def _pad(x, axis: int, size: int, value=0):
@@ -58,62 +46,98 @@ def _pad(x, axis: int, size: int, value=0):
     return jnp.pad(x, widths, constant_values=value)
 
 
+@dataclasses.dataclass(frozen=True)
 class _Layout:
-    """Padded sizes of one call."""
+    """One call's real and padded sizes, and its kernels and blocks."""
 
-    def __init__(self, q, k, v, blocks: _triton.Blocks):
+    kernels: object
+    blocks: object
+    n: int
+    m: int
+    d: int
+    dv: int
+
+    @classmethod
+    def of(cls, name: str, config: Config, q, v):
         (_, n, d), (_, m, dv) = q.shape, v.shape
-        rows = max(blocks.block_q, blocks.block_q_bwd)
-        cols = max(blocks.block_k, blocks.block_k_bwd)
-        self.n, self.m, self.d, self.dv = n, m, d, dv
-        self.N, self.M = -(-n // rows) * rows, -(-m // cols) * cols
-        self.D, self.Dv = _pow2(d), (_pow2(dv) if dv else 0)
-        self.m_real = m if self.M != m else None
+        kernels = _KERNELS[name]
+        blocks = getattr(config, name) or kernels.default_blocks(n, m, d, dv, q.dtype)
+        return cls(kernels, blocks, n, m, d, dv)
+
+    @property
+    def N(self) -> int:
+        rows = self.blocks.multiples[0]
+        return -(-self.n // rows) * rows
+
+    @property
+    def M(self) -> int:
+        cols = self.blocks.multiples[1]
+        return -(-self.m // cols) * cols
 
     def inputs(self, q, k, v, mask):
-        q = _pad(_pad(q, 1, self.N), 2, self.D)
-        k = _pad(_pad(k, 1, self.M), 2, self.D)
-        v = None if not self.dv else _pad(_pad(v, 1, self.M), 2, self.Dv)
+        D = _tile.pow2(self.d)
+        q = _pad(_pad(q, 1, self.N), 2, D)
+        k = _pad(_pad(k, 1, self.M), 2, D)
+        v = None if not self.dv else _pad(_pad(v, 1, self.M), 2, _tile.pow2(self.dv))
         if mask is not None:
             mask = _pad(mask, 2, self.M, False)
             if mask.shape[1] != 1:
                 mask = _pad(mask, 1, self.N, False)
         return q, k, v, mask
 
+    def row_vector(self, x):
+        """`[B, n]` -> the kernels' layout: `[B, N]`, or `[B, N, lanes]` repeated."""
+        x = _pad(x, 1, self.N)
+        lanes = self.kernels.LANES
+        return x if lanes == 1 else jnp.broadcast_to(x[..., None], x.shape + (lanes,))
+
+    def kwargs(self, dtype):
+        m_real = self.m if self.M != self.m else None
+        return dict(blocks=self.blocks, m_real=m_real, dtype=dtype)
+
 
 def _compute_dtype(dtype):
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _run(fn, *args, **kwargs):
-    """`fn(*args, interpret=...)`, interpreted on CPU and compiled with Triton on CUDA GPUs."""
+def _forward_with(name, config, q, k, v, beta, mask, *, interpret):
+    lay = _Layout.of(name, config, q, v)
+    dtype = _compute_dtype(q.dtype)
+    qp, kp, vp, mp = lay.inputs(q, k, v, mask)
+    out, lse = lay.kernels.forward(
+        qp, kp, vp, beta.astype(dtype), mp, **lay.kwargs(dtype), interpret=interpret
+    )
+    lse = lse[:, : lay.n] if lse.ndim == 2 else lse[:, : lay.n, 0]
+    out = jnp.zeros(v.shape[:1] + (lay.n, 0), v.dtype) if out is None else out
+    return out[:, : lay.n, : lay.dv], lse
+
+
+def _backward_with(name, config, q, k, v, beta, mask, g_out, lse2, delta, *, interpret):
+    lay = _Layout.of(name, config, q, v)
+    dtype = lse2.dtype
+    qp, kp, vp, mp = lay.inputs(q, k, v, mask)
+    do = None if vp is None else _pad(_pad(g_out, 1, lay.N), 2, vp.shape[2])
+    rows = (lay.row_vector(lse2), lay.row_vector(delta))
+    dq, dk, dv, dbeta = lay.kernels.backward(
+        qp, kp, vp, beta.astype(dtype), mp, do, *rows, **lay.kwargs(dtype), interpret=interpret
+    )
+    dv = jnp.zeros_like(v) if dv is None else dv[:, : lay.m, : lay.dv]
+    return dq[:, : lay.n, : lay.d], dk[:, : lay.m, : lay.d], dv, dbeta
+
+
+def _run(fn, config, *args):
+    """`fn(kernels, config, *args, interpret=...)` for the platform being compiled for."""
     return lax.platform_dependent(
         *args,
-        cpu=ft.partial(fn, **kwargs, interpret=True),
-        cuda=ft.partial(fn, **kwargs, interpret=False),
+        cpu=ft.partial(fn, config.interpret, config, interpret=True),
+        cuda=ft.partial(fn, "triton", config, interpret=False),
+        tpu=ft.partial(fn, "mosaic", config, interpret=False),
     )
-
-
-def _forward(q, k, v, beta, mask, blocks):
-    B = q.shape[0]
-    dtype = _compute_dtype(q.dtype)
-    if blocks is None:
-        blocks = blocks_for(q.shape[1], k.shape[1], q.shape[2], v.shape[2], q.dtype)
-    lay = _Layout(q, k, v, blocks)
-    if lay.n == 0 or lay.m == 0:
-        out = jnp.zeros((B, lay.n, lay.dv), dtype)
-        return out, jnp.full((B, lay.n), -jnp.inf, dtype)
-    qp, kp, vp, mp = lay.inputs(q, k, v, mask)
-    fn = ft.partial(_triton.forward, blocks=blocks, m_real=lay.m_real, dtype=dtype)
-    out, lse = _first_order(ft.partial(_run, fn))(qp, kp, vp, beta.astype(dtype), mp)
-    lse = lse[:, : lay.n]
-    out = jnp.zeros((B, lay.n, 0), v.dtype) if out is None else out[:, : lay.n, : lay.dv]
-    return out, lse
 
 
 def _first_order(fn):
     """`fn` with a derivative rule that says, instead of failing obscurely inside Pallas, that
-    the kernel's backward pass is not differentiable itself."""
+    the kernels are not differentiable themselves."""
 
     @jax.custom_vjp
     def wrapped(*args):
@@ -129,42 +153,39 @@ def _first_order(fn):
     return wrapped
 
 
+def _forward(q, k, v, beta, mask, config):
+    B, n = q.shape[:2]
+    m, dv = v.shape[1:]
+    dtype = _compute_dtype(q.dtype)
+    if n == 0 or m == 0:
+        return jnp.zeros((B, n, dv), v.dtype), jnp.full((B, n), -jnp.inf, dtype)
+    return _first_order(ft.partial(_run, _forward_with, config))(q, k, v, beta, mask)
+
+
 @ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def attention_core(q, k, v, beta, mask, blocks=None):
-    """`(out, lse)` in the dtype of `v`, computed by the fused kernel."""
-    out, lse = _forward(q, k, v, beta, mask, blocks)
+def attention_core(q, k, v, beta, mask, config=Config()):
+    """`(out, lse)` in the dtype of `v`, computed by the fused kernels."""
+    out, lse = _forward(q, k, v, beta, mask, config)
     return out.astype(v.dtype), lse.astype(v.dtype)
 
 
-def _core_fwd(q, k, v, beta, mask, blocks):
-    out, lse = _forward(q, k, v, beta, mask, blocks)
+def _core_fwd(q, k, v, beta, mask, config):
+    out, lse = _forward(q, k, v, beta, mask, config)
     return (out.astype(v.dtype), lse.astype(v.dtype)), (q, k, v, beta, mask, out, lse)
 
 
-def _core_bwd(blocks, res, cotangents):
+def _core_bwd(config, res, cotangents):
     q, k, v, beta, mask, out, lse = res
     g_out, g_lse = cotangents
-    dtype = lse.dtype
-    if blocks is None:
-        blocks = blocks_for(q.shape[1], k.shape[1], q.shape[2], v.shape[2], q.dtype)
-    lay = _Layout(q, k, v, blocks)
-    if lay.n == 0 or lay.m == 0:
+    if q.shape[1] == 0 or k.shape[1] == 0:
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), jnp.zeros_like(beta), None
+    dtype = lse.dtype
     # The row term: dot(g_out, out) - g_lse (the log-sum-exp's cotangent shifts it). A query with
     # no key gets lse2 = 0; its weights are exp2(-inf) = 0 whatever the shift.
     delta = jnp.sum(g_out.astype(dtype) * out.astype(dtype), axis=-1) - g_lse.astype(dtype)
-    lse2 = jnp.where(jnp.isfinite(lse), lse * LOG2E, 0.0)
-    qp, kp, vp, mp = lay.inputs(q, k, v, mask)
-    do = None if vp is None else _pad(_pad(g_out.astype(v.dtype), 1, lay.N), 2, lay.Dv)
-    fn = ft.partial(
-        _run, ft.partial(_triton.backward, blocks=blocks, m_real=lay.m_real, dtype=dtype)
-    )
-    dq, dk, dv, dbeta = _first_order(fn)(
-        qp, kp, vp, beta.astype(dtype), mp, do, _pad(lse2, 1, lay.N), _pad(delta, 1, lay.N)
-    )
-    dq = dq[:, : lay.n, : lay.d]
-    dk = dk[:, : lay.m, : lay.d]
-    dv = jnp.zeros_like(v) if dv is None else dv[:, : lay.m, : lay.dv]
+    lse2 = jnp.where(jnp.isfinite(lse), lse * _tile.LOG2E, 0.0)
+    backward = _first_order(ft.partial(_run, _backward_with, config))
+    dq, dk, dv, dbeta = backward(q, k, v, beta, mask, g_out.astype(v.dtype), lse2, delta)
     return dq, dk, dv, dbeta.astype(beta.dtype), None
 
 

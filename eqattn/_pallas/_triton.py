@@ -11,24 +11,14 @@ optional boolean `mask [1 or B, N, M]` or `[1 or B, 1, M]` (one row shared by ev
 - `dq` and each query's share of $\bar\beta$, one program per (query block, batch element): a loop
   over key blocks.
 
-Logits are kept in base 2, $s_2 = \log_2(e)\,\beta\, q\cdot k$, so that each weight is one `exp2`.
-A key beyond the real `m`, or one the mask excludes, gets $s_2 = -\infty$; the running maximum is
-replaced by 0 while it is $-\infty$, so a query with no key left ends with $\ell = -\infty$,
-`out = 0` and zero cotangents, never NaN. Matmuls take the inputs' dtype and accumulate in
-float32 (float64 for float64 inputs, in interpret mode); the softmax runs in that dtype too.
-
-Backward, with $p = 2^{s_2 - \ell_2}$ recomputed per tile, $\delta_i = \bar o_i\cdot o_i - \bar\ell_i$
-(the log-sum-exp cotangent folded into the row term, the wrapper computes it):
-$\bar s = p\odot(\bar o\, v^\top - \delta)$, $\bar v = p^\top \bar o$,
-$\bar k = \beta\, \bar s^\top q$, $\bar q = \beta\, \bar s\, k$ and
-$\bar\beta = \sum_i q_i\cdot(\bar s\, k)_i$.
+The tile math is `_tile`'s. Matmuls take the inputs' dtype and accumulate in float32 (float64 for
+float64 inputs, in interpret mode); the softmax runs in that dtype too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools as ft
-import math
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +26,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-LOG2E = math.log2(math.e)
+from . import _tile
 
+# Per-row statistics are columns `[rows, 1]`; row vectors go in and out as `[B, N]`.
+LANES = 1
 # Triton launches at most 65535 programs along its second and third grid axes.
 _MAX_MINOR_GRID = 65535
 
@@ -54,42 +46,41 @@ class Blocks:
     num_warps_bwd: int = 4
     num_stages: int = 2
 
-
-def _dot(a, b, dtype):
-    """a @ b"""
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=dtype)
-
-
-def _dot_nt(a, b, dtype):
-    """a @ b.T"""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=dtype)
+    @property
+    def multiples(self) -> tuple[int, int]:
+        """What the numbers of queries and keys are padded to."""
+        return max(self.block_q, self.block_q_bwd), max(self.block_k, self.block_k_bwd)
 
 
-def _dot_tn(a, b, dtype):
-    """a.T @ b"""
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=dtype)
-
-
-def _logits(q, k, scale, allowed, dtype):
-    """Base-2 logits of a [rows, cols] tile; -inf where not allowed."""
-    s = _dot_nt(q, k, dtype) * scale
-    return s if allowed is None else jnp.where(allowed, s, -jnp.inf)
-
-
-def _allowed(mask_tile, shape, k_start, m_real):
-    """Which logits of a tile count: the mask's tile and the keys below the real `m` (or None
-    for all of them)."""
-    allowed = None if mask_tile is None else jnp.broadcast_to(mask_tile, shape)
-    if m_real is not None:
-        keys = k_start + lax.broadcasted_iota(jnp.int32, shape, 1) < m_real
-        allowed = keys if allowed is None else allowed & keys
-    return allowed
+def default_blocks(n: int, m: int, d: int, dv: int, dtype) -> Blocks:
+    """FlashAttention-2's tile shapes, smaller for wide heads (whose tiles would spill
+    registers), and no larger than the padded sizes themselves."""
+    width = max(d, dv)
+    wide = width > 128 or (width > 64 and jnp.dtype(dtype).itemsize >= 4)
+    bq, bk = (64, 32) if wide else (128, 64)
+    bq_bwd, bk_bwd = (32, 32) if wide else (64, 64)
+    nq, nk = _tile.pow2(n), _tile.pow2(m)
+    warps = 4 if width <= 64 else 8
+    return Blocks(
+        block_q=min(bq, nq),
+        block_k=min(bk, nk),
+        block_q_bwd=min(bq_bwd, nq),
+        block_k_bwd=min(bk_bwd, nk),
+        num_warps=warps,
+        num_warps_bwd=warps,
+        num_stages=2,
+    )
 
 
 def _mask_tile(mask_ref, rows, cols, per_query):
     if mask_ref is None:
         return None
     return mask_ref[rows, cols] if per_query else mask_ref[cols][None, :]
+
+
+def _column(ref, rows=slice(None)):
+    """A `[N]` row vector's block as a `[rows, 1]` column."""
+    return ref[rows][:, None]
 
 
 # --- kernels ------------------------------------------------------------------------------------
@@ -100,31 +91,21 @@ def _forward_kernel(
 ):
     block_q = q_ref.shape[0]
     q = q_ref[...]
-    scale = beta_ref[...].astype(dtype) * LOG2E
+    scale = beta_ref[...].astype(dtype) * _tile.LOG2E
 
-    def body(j, carry):
-        row_max, total, acc = carry
+    def body(j, state):
         cols = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
         tile = _mask_tile(mask_ref, slice(None), cols, per_query)
-        allowed = _allowed(tile, (block_q, block_k), j * block_k, m_real)
-        s = _logits(q, k_ref[cols, :], scale, allowed, dtype)
-        new_max = jnp.maximum(row_max, jnp.max(s, axis=1))
-        shift = jnp.where(new_max == -jnp.inf, 0.0, new_max)
-        correction = jnp.exp2(row_max - shift)  # 0 while the row had no key (-inf - 0)
-        p = jnp.exp2(s - shift[:, None])
-        total = correction * total + jnp.sum(p, axis=1)
-        if v_ref is not None:
-            v = v_ref[cols, :]
-            acc = correction[:, None] * acc + _dot(p.astype(v.dtype), v, dtype)
-        return new_max, total, acc
+        ok = _tile.allowed(tile, (block_q, block_k), j * block_k, m_real)
+        s = _tile.logits(q, k_ref[cols, :], scale, ok, dtype)
+        return _tile.softmax_step(s, state, None if v_ref is None else v_ref[cols, :], dtype)
 
-    acc = None if v_ref is None else jnp.zeros((block_q, v_ref.shape[1]), dtype)
-    init = (jnp.full((block_q,), -jnp.inf, dtype), jnp.zeros((block_q,), dtype), acc)
-    row_max, total, acc = lax.fori_loop(0, k_ref.shape[0] // block_k, body, init)
-    # log(0) = -inf for a query with no key; -inf + -inf stays -inf.
-    lse_ref[...] = (row_max + jnp.log2(total)) / LOG2E
+    dv = None if v_ref is None else v_ref.shape[1]
+    state = _tile.softmax_init(block_q, 1, dv, dtype)
+    state = lax.fori_loop(0, k_ref.shape[0] // block_k, body, state)
+    out, lse = _tile.softmax_result(state)
+    lse_ref[...] = jnp.squeeze(lse, 1)
     if out_ref is not None:
-        out = acc / jnp.where(total > 0, total, 1.0)[:, None]
         out_ref[...] = out.astype(out_ref.dtype)
 
 
@@ -151,24 +132,20 @@ def _dkdv_kernel(
     k = k_ref[...]
     v = None if v_ref is None else v_ref[...]
     beta = beta_ref[...].astype(dtype)
-    scale = beta * LOG2E
+    scale = beta * _tile.LOG2E
 
     def body(i, carry):
         dk, dv = carry
         rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
         q = q_ref[rows, :]
+        do = None if do_ref is None else do_ref[rows, :]
         tile = _mask_tile(mask_ref, rows, slice(None), per_query)
-        allowed = _allowed(tile, (block_q, block_k), k_start, m_real)
-        p = jnp.exp2(_logits(q, k, scale, allowed, dtype) - lse2_ref[rows][:, None])
-        delta = delta_ref[rows][:, None]
-        if v is None:
-            ds = -p * delta
-        else:
-            do = do_ref[rows, :]
-            dv = dv + _dot_tn(p.astype(do.dtype), do, dtype)
-            ds = p * (_dot_nt(do, v, dtype) - delta)
-        dk = dk + _dot_tn(ds.astype(q.dtype), q, dtype)
-        return dk, dv
+        ok = _tile.allowed(tile, (block_q, block_k), k_start, m_real)
+        lse2, delta = _column(lse2_ref, rows), _column(delta_ref, rows)
+        p, ds = _tile.score_cotangent(q, k, v, do, scale, ok, lse2, delta, dtype)
+        if v is not None:
+            dv = dv + _tile.dot_tn(p, do, dtype)
+        return dk + _tile.dot_tn(ds, q, dtype), dv
 
     dv = None if v is None else jnp.zeros(v.shape, dtype)
     dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, (jnp.zeros(k.shape, dtype), dv))
@@ -197,22 +174,18 @@ def _dq_kernel(
     block_q = q_ref.shape[0]
     q = q_ref[...]
     do = None if do_ref is None else do_ref[...]
-    lse2 = lse2_ref[...][:, None]
-    delta = delta_ref[...][:, None]
+    lse2, delta = _column(lse2_ref), _column(delta_ref)
     beta = beta_ref[...].astype(dtype)
-    scale = beta * LOG2E
+    scale = beta * _tile.LOG2E
 
     def body(j, dq):
         cols = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
         k = k_ref[cols, :]
+        v = None if v_ref is None else v_ref[cols, :]
         tile = _mask_tile(mask_ref, slice(None), cols, per_query)
-        allowed = _allowed(tile, (block_q, block_k), j * block_k, m_real)
-        p = jnp.exp2(_logits(q, k, scale, allowed, dtype) - lse2)
-        if do is None:
-            ds = -p * delta
-        else:
-            ds = p * (_dot_nt(do, v_ref[cols, :], dtype) - delta)
-        return dq + _dot(ds.astype(k.dtype), k, dtype)
+        ok = _tile.allowed(tile, (block_q, block_k), j * block_k, m_real)
+        _, ds = _tile.score_cotangent(q, k, v, do, scale, ok, lse2, delta, dtype)
+        return dq + _tile.dot(ds.astype(k.dtype), k, dtype)
 
     dq = lax.fori_loop(0, k_ref.shape[0] // block_k, body, jnp.zeros(q.shape, dtype))
     dq_ref[...] = (beta * dq).astype(dq_ref.dtype)
