@@ -52,20 +52,25 @@ class Blocks:
         return max(self.block_q, self.block_q_bwd), max(self.block_k, self.block_k_bwd)
 
 
+def _rows_for(budget_bytes: int, width: int, itemsize: int, cap: int) -> int:
+    """The most rows (a power of two in [16, cap]) of a `[rows, width]` tile within a budget."""
+    rows = budget_bytes // (width * itemsize)
+    return max(16, min(cap, 1 << max(0, rows.bit_length() - 1)))
+
+
 def default_blocks(n: int, m: int, d: int, dv: int, dtype) -> Blocks:
-    """FlashAttention-2's tile shapes, smaller for wide heads (whose tiles would spill
-    registers), and no larger than the padded sizes themselves."""
-    width = max(d, dv)
-    wide = width > 128 or (width > 64 and jnp.dtype(dtype).itemsize >= 4)
-    bq, bk = (64, 32) if wide else (128, 64)
-    bq_bwd, bk_bwd = (32, 32) if wide else (64, 64)
+    """FlashAttention-2's tile shapes (128 queries x 64 keys forward, 64 x 64 backward) for
+    heads up to 64 features of 2 bytes, shrunk so that a query tile stays within 32 KB and a key
+    tile within 16 KB as heads widen (wide tiles spill registers and shared memory), and no
+    larger than the padded sizes themselves. Not yet tuned on a GPU."""
+    width, size = _tile.pow2(max(d, dv)), jnp.dtype(dtype).itemsize
     nq, nk = _tile.pow2(n), _tile.pow2(m)
-    warps = 4 if width <= 64 else 8
+    warps = 4 if width * size <= 128 else 8
     return Blocks(
-        block_q=min(bq, nq),
-        block_k=min(bk, nk),
-        block_q_bwd=min(bq_bwd, nq),
-        block_k_bwd=min(bk_bwd, nk),
+        block_q=min(nq, _rows_for(32 << 10, width, size, 128)),
+        block_k=min(nk, _rows_for(16 << 10, width, size, 64)),
+        block_q_bwd=min(nq, _rows_for(16 << 10, width, size, 64)),
+        block_k_bwd=min(nk, _rows_for(16 << 10, width, size, 64)),
         num_warps=warps,
         num_warps_bwd=warps,
         num_stages=2,
