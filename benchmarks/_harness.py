@@ -59,24 +59,32 @@ class External:
         return self.call()
 
 
-def time_interleaved(cases: dict[str, tuple], repeats: int = 10) -> dict[str, dict[str, Any]]:
+def time_interleaved(
+    cases: dict[str, tuple], repeats: int = 10, errors: dict | None = None
+) -> dict[str, dict[str, Any]]:
     """Time several `name: (fn, *args)` cases round-robin: each round calls every case once.
 
     Ratios between cases then compare runs made at the same moments, so slow drifts of the
     machine (frequency, neighbours) do not bias them. Returns `time_jitted`'s dict per case
     (`output`: the warm-up call's result, so callers need not compile again to inspect it).
-    A case `(External(call),)` is timed in the same rounds by calling `call()`.
+    A case `(External(call),)` is timed in the same rounds by calling `call()`. With `errors` (a
+    dict), a case that fails to compile or run is left out and its error stored there.
     """
     compiled = {}
     for name, (fn, *args) in cases.items():
-        if isinstance(fn, External):
-            t0 = time.perf_counter()
-            output = fn()
-            compiled[name] = (lambda fn=fn: fn(), time.perf_counter() - t0, output, ())
-            continue
-        args = jax.device_put(tuple(args))
-        compiled[name] = (*_compile(fn, args), args)
-    times = {name: [] for name in cases}
+        try:
+            if isinstance(fn, External):
+                t0 = time.perf_counter()
+                output = fn()
+                compiled[name] = (lambda fn=fn: fn(), time.perf_counter() - t0, output, ())
+                continue
+            args = jax.device_put(tuple(args))
+            compiled[name] = (*_compile(fn, args), args)
+        except Exception as e:
+            if errors is None:
+                raise
+            errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
+    times = {name: [] for name in compiled}
     for _ in range(repeats):
         for name, (c, _, _, args) in compiled.items():
             times[name].append(_once(c, args))

@@ -107,7 +107,36 @@ def _deq(fig, rows):
     ax.tick_params(axis="y", labelsize=7)
 
 
-PLOTS = {"core": _core, "memory": _memory, "layers": _layers, "scaling": _scaling, "deq": _deq}
+def _kernel(fig, rows):
+    axes = fig.subplots(1, 2)
+    for ax, mode in zip(axes, ["forward", "forward+backward"]):
+        timed = [r for r in rows if r["mode"] == mode and r.get("ratio_to_default") is not None]
+        cases = sorted({(r["dtype"], r["d"]) for r in timed})
+        tilings = list(dict.fromkeys(r["tiling"] for r in timed))
+        width = 0.8 / max(len(cases), 1)
+        for c, (dtype, d) in enumerate(cases):
+            by = {
+                r["tiling"]: r["ratio_to_default"]
+                for r in timed
+                if (r["dtype"], r["d"]) == (dtype, d)
+            }
+            ys = [by.get(t, 0.0) for t in tilings]
+            ax.barh([i + c * width for i in range(len(tilings))], ys, width, label=f"{dtype} d={d}")
+        ax.set_yticks(range(len(tilings)), tilings, fontsize=6)
+        ax.axvline(1.0, color="k", lw=0.5)
+        ax.set(xlabel="time / default tiling", title=mode)
+        ax.invert_yaxis()
+        ax.legend(fontsize=7)
+
+
+PLOTS = {
+    "core": _core,
+    "kernel": _kernel,
+    "memory": _memory,
+    "layers": _layers,
+    "scaling": _scaling,
+    "deq": _deq,
+}
 
 
 def plot_file(path: Path, out_dir: Path) -> Path | None:

@@ -42,6 +42,8 @@ def test_quick_benchmarks_run(tmp_path):
         # the n x m weights' traffic: a fused (chunked) pass moves less than the dense ones
         for fused in ("eqattn-chunked", "eqattn-pallas"):
             assert by[(n, mode, fused)]["bytes"] < by[(n, mode, "xla")]["bytes"]
+    kernel = json.loads(next(tmp_path.glob("kernel-quick*.json")).read_text())
+    assert all(r["rel_error"] < 1e-5 for r in kernel["rows"])  # interpreted, float32, vs XLA
     deq = json.loads(next(tmp_path.glob("deq-quick*.json")).read_text())
     # every exact method agrees with the baseline's gradient
     for row in deq["rows"]:
