@@ -1,13 +1,15 @@
 """`kernel`: tile sizes of eqattn's fused Pallas kernel (`implementation="pallas"`), swept.
 
-For each dtype (float32 and bfloat16 on a GPU) and head size d = 64, 128, at n = m = 4096 and
-8 heads: the forward pass under each forward tiling (block_q x block_k, warps, pipeline stages),
-then forward+backward (with the log-sum-exp's cotangent) under each backward tiling, the forward
-fixed at the default. Every configuration's result is checked against XLA's dense attention in the
-same run (relative error), a configuration that fails to compile (shared memory, registers) is
-recorded with its error, and each row's time is reported as a ratio to the default tiles
-(`eqattn._pallas._triton.default_blocks`), timed round-robin with it. On CPU the kernel is
-interpreted: `--quick` runs a few tiny cases to exercise the code; times mean nothing there.
+For each dtype (float32 and bfloat16 on an accelerator) and head size d = 64, 128, at
+n = m = 4096 and 8 heads: the forward pass under each forward tiling (on GPUs block_q x block_k,
+warps, pipeline stages), then forward+backward (with the log-sum-exp's cotangent) under each
+backward tiling, the forward fixed at the default. On TPUs the Mosaic kernels' block_q x block_k,
+one tiling for both passes. Every configuration's result is checked against XLA's dense attention
+in the same run (relative error), a configuration that fails to compile (shared memory,
+registers, VMEM) is recorded with its error, and each row's time is reported as a ratio to the
+default tiles (`default_blocks` of `eqattn._pallas._triton` or `._mosaic`), timed round-robin
+with it. On CPU the kernel is interpreted: `--quick` runs a few tiny cases to exercise the code;
+times mean nothing there.
 """
 
 from __future__ import annotations
@@ -18,19 +20,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqattn._pallas import _attention, _triton
+from eqattn._pallas import _attention, _mosaic, _triton
 
 from ._harness import print_table, time_interleaved
 
 HEADS = 8
 
 
-def _configs(quick: bool):
+def _variant() -> str:
+    return "mosaic" if jax.default_backend() == "tpu" else "triton"
+
+
+def _configs(quick: bool, variant: str):
     """(forward tilings, backward tilings) to sweep, as partial `Blocks` fields."""
     if quick:
         return [dict(block_q=16, block_k=16), dict(block_q=32, block_k=16)], [
             dict(block_q_bwd=16, block_k_bwd=16)
         ]
+    if variant == "mosaic":
+        both = [
+            dict(block_q=bq, block_k=bk)
+            for bq, bk in ((128, 128), (128, 256), (256, 128), (256, 256), (512, 512))
+        ]
+        return both, both
     forward = [
         dict(block_q=bq, block_k=bk, num_warps=w, num_stages=s)
         for bq, bk in ((64, 64), (128, 32), (128, 64), (128, 128))
@@ -48,7 +60,8 @@ def _configs(quick: bool):
 def _cases(quick: bool):
     if quick:
         return [(jnp.float32, 64, 16)]
-    dtypes = [jnp.float32, jnp.bfloat16] if jax.default_backend() == "gpu" else [jnp.float32]
+    accelerator = jax.default_backend() in ("gpu", "tpu")
+    dtypes = [jnp.float32, jnp.bfloat16] if accelerator else [jnp.float32]
     return [(dtype, d, 4096) for dtype in dtypes for d in (64, 128)]
 
 
@@ -87,7 +100,9 @@ def _error(a, b) -> float:
 
 def run(quick: bool = False) -> tuple[list[dict], dict]:
     repeats = 3 if quick else 10
-    forward_configs, backward_configs = _configs(quick)
+    variant = _variant()
+    kernels = {"triton": _triton, "mosaic": _mosaic}[variant]
+    forward_configs, backward_configs = _configs(quick, variant)
     rows = []
     for dtype, d, n in _cases(quick):
         dname = jnp.dtype(dtype).name
@@ -96,7 +111,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         c = jax.random.normal(keys[3], (HEADS, n, d), jnp.float32)
         scale = jnp.full((HEADS,), d**-0.5, jnp.float32)
         ref_out, ref_grads = jax.jit(_reference, static_argnums=4)(q, k, v, c, d**-0.5)
-        default = _triton.default_blocks(n, n, d, d, dtype)
+        default = kernels.default_blocks(n, n, d, d, dtype)
         for mode, sweep in (("forward", forward_configs), ("forward+backward", backward_configs)):
             tilings = {"default": default}
             for fields in sweep:
@@ -105,7 +120,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
                     tilings.setdefault(_name(blocks, mode), blocks)
             cases = {}
             for name, blocks in tilings.items():
-                fwd, fwd_bwd = _functions(_attention.Config(triton=blocks), scale)
+                fwd, fwd_bwd = _functions(_attention.Config(**{variant: blocks}), scale)
                 cases[name] = (fwd, q, k, v) if mode == "forward" else (fwd_bwd, q, k, v, c)
             errors = {}  # compile errors (shared memory, registers) are results too
             timings = time_interleaved(cases, repeats=repeats, errors=errors)
@@ -147,10 +162,12 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     for r in rows:
         if "error" in r:
             print(f"{r['dtype']} d={r['d']} {r['mode']} {r['tiling']}: {r['error'][:120]}")
-    return rows, {"heads": HEADS}
+    return rows, {"heads": HEADS, "kernels": variant}
 
 
-def _name(blocks: _triton.Blocks, mode: str) -> str:
+def _name(blocks, mode: str) -> str:
+    if isinstance(blocks, _mosaic.Blocks):
+        return f"{blocks.block_q}x{blocks.block_k}"
     if mode == "forward":
         return f"{blocks.block_q}x{blocks.block_k} w{blocks.num_warps} s{blocks.num_stages}"
     return f"bwd {blocks.block_q_bwd}x{blocks.block_k_bwd} w{blocks.num_warps_bwd}"
