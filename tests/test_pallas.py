@@ -243,6 +243,17 @@ def test_multihead_attention_layer(getkey):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_second_order_says_so():
+    q = jnp.full((4, 8), 0.3)
+
+    def grad(q):
+        return jax.grad(lambda q: jnp.sum(eqattn.attention(q, q, **PALLAS) ** 2))(q)
+
+    assert np.all(np.isfinite(grad(q)))
+    with pytest.raises(NotImplementedError, match="first-order reverse-mode"):
+        jax.grad(lambda q: jnp.sum(grad(q)))(q)
+
+
 # --- selection and errors -----------------------------------------------------------------------
 
 S = jax.ShapeDtypeStruct
