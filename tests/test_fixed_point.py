@@ -165,6 +165,61 @@ def test_vmap_gives_per_example_statistics():
         np.testing.assert_allclose(single.value, eqs.value[i], rtol=1e-12)
 
 
+@pytest.mark.parametrize("kind", [eqattn.Picard, eqattn.Anderson, eqattn.Broyden])
+def test_check_every_changes_nothing_but_the_trips(kind):
+    # Examples that stop at different steps, under vmap, with a budget that cuts one of them
+    # short and is not a multiple of check_every: values and statistics are those of one
+    # step per trip, and the backward solve (same solver) agrees too.
+    args = _problem()
+    xs = np.stack([args[3] * s for s in (0.0, 1.0, 3.0)])
+
+    def solve(x, check_every, max_steps=None):
+        solver = kind(**TIGHT, check_every=check_every)
+        adjoint = eqattn.ImplicitAdjoint(linear_solver=kind(**TIGHT, check_every=check_every))
+        eq = eqattn.fixed_point(
+            _f,
+            jnp.zeros((N, D)),
+            args[:3] + (x,),
+            solver=solver,
+            adjoint=adjoint,
+            max_steps=max_steps,
+        )
+        return eq
+
+    for max_steps in (None, 7):
+        one = jax.vmap(lambda x: solve(x, 1, max_steps))(xs)
+        four = jax.vmap(lambda x: solve(x, 4, max_steps))(xs)
+        np.testing.assert_array_equal(one.steps, four.steps)
+        np.testing.assert_array_equal(one.converged, four.converged)
+        np.testing.assert_allclose(four.value, one.value, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(four.residual, one.residual, rtol=1e-9, atol=1e-16)
+    assert len(set(np.asarray(one.steps).tolist())) > 1
+
+    def loss(x, check_every):
+        return jnp.sum(jnp.sin(solve(x, check_every).value))
+
+    np.testing.assert_allclose(
+        jax.grad(loss)(xs[2], 3), jax.grad(loss)(xs[2], 1), rtol=1e-10, atol=1e-12
+    )
+    with pytest.raises(ValueError, match="check_every"):
+        kind(check_every=0)
+
+
+def test_low_precision_states():
+    # The small least-squares solve of Anderson runs in float32 whatever the state's dtype.
+    args = tuple(jnp.asarray(a, jnp.bfloat16) for a in _problem())
+    for solver in (eqattn.Anderson(rtol=1e-2), eqattn.Picard(rtol=1e-2)):
+        eq = eqattn.fixed_point(_f, jnp.zeros((N, D), jnp.bfloat16), args, solver=solver)
+        assert eq.value.dtype == jnp.bfloat16 and eq.converged
+        ref = eqattn.fixed_point(
+            _f,
+            jnp.zeros((N, D)),
+            tuple(jnp.asarray(a, jnp.float64) for a in args),
+            solver=eqattn.Picard(**TIGHT),
+        )
+        assert np.max(np.abs(np.asarray(eq.value, np.float64) - ref.value)) < 0.05
+
+
 def test_pytree_state_and_closed_over_parameters():
     rng = np.random.default_rng(4)
     w1, w2 = rng.normal(size=(3, 3)) * 0.3, rng.normal(size=(2, 2)) * 0.3

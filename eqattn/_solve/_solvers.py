@@ -14,6 +14,7 @@ import abc
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
@@ -22,11 +23,13 @@ State = Any
 
 
 class AbstractFixedPointSolver(eqx.Module):
-    """A solver for $x = f(x)$. Concrete solvers carry `rtol`, `atol` and `max_steps`."""
+    """A solver for $x = f(x)$. Concrete solvers carry `rtol`, `atol`, `max_steps` and
+    `check_every` (how many steps the loop takes between two stopping tests)."""
 
     rtol: eqx.AbstractVar[float]
     atol: eqx.AbstractVar[float]
     max_steps: eqx.AbstractVar[int]
+    check_every: eqx.AbstractVar[int]
 
     @abc.abstractmethod
     def init(self, x: Array, fx: Array) -> State:
@@ -50,18 +53,28 @@ class AbstractFixedPointSolver(eqx.Module):
             raise ValueError(
                 f"{type(self).__name__}: `max_steps` must be >= 1; got {self.max_steps}."
             )
+        if int(self.check_every) < 1:
+            raise ValueError(
+                f"{type(self).__name__}: `check_every` must be >= 1; got {self.check_every}."
+            )
 
 
 class Picard(AbstractFixedPointSolver):
     r"""Damped fixed-point (Picard) iteration $x \leftarrow (1-\lambda)\,x + \lambda f(x)$.
 
     Converges when $f$ is a contraction. `damping` $\lambda \in (0, 1]$ (1 = plain iteration).
+
+    `check_every` steps are taken per trip of the loop, each guarded so that an iterate stops
+    changing once it has converged: the results are the same as with 1, the loop's trips (and,
+    on accelerators, its round trips to the host) fall by that factor, and up to
+    `check_every - 1` evaluations of $f$ are wasted at the end.
     """
 
     rtol: float = 1e-4
     atol: float = 1e-6
     max_steps: int = eqx.field(static=True, default=60)
     damping: float = 1.0
+    check_every: int = eqx.field(static=True, default=1)
 
     def __check_init__(self):
         self._check()
@@ -83,6 +96,11 @@ class Anderson(AbstractFixedPointSolver):
     subject to $\sum_i\alpha_i = 1$, then $x \leftarrow \sum_i \alpha_i\,((1-\lambda)\,x_i + \lambda
     f(x_i))$ with damping $\lambda$ (D. G. Anderson, 1965; H. F. Walker and P. Ni, 2011). The ridge
     is relative to the residuals' scale, so it keeps working as they shrink.
+
+    `check_every` steps are taken per trip of the loop, each guarded so that an iterate stops
+    changing once it has converged: the results are the same as with 1, the loop's trips (and,
+    on accelerators, its round trips to the host) fall by that factor, and up to
+    `check_every - 1` evaluations of $f$ are wasted at the end.
     """
 
     rtol: float = 1e-4
@@ -91,6 +109,7 @@ class Anderson(AbstractFixedPointSolver):
     history_size: int = eqx.field(static=True, default=5)
     ridge: float = 1e-4
     damping: float = 1.0
+    check_every: int = eqx.field(static=True, default=1)
 
     def __check_init__(self):
         self._check()
@@ -104,38 +123,40 @@ class Anderson(AbstractFixedPointSolver):
 
     def init(self, x, fx):
         m = self.history_size
-        xs = jnp.zeros((m,) + x.shape, x.dtype)
+        ys = jnp.zeros((m,) + x.shape, x.dtype)
         gs = jnp.zeros((m,) + x.shape, x.dtype)
         gram = jnp.zeros((m, m), x.dtype)
-        return self.record(x, fx, (xs, gs, gram, jnp.array(0)))
+        return self.record(x, fx, (ys, gs, gram, jnp.array(0)))
 
     def step(self, x, fx, state):
         # The current pair (x, f(x)) is already in the history (written by `record`).
-        xs, gs, gram, count = state
+        ys, gs, gram, count = state
         m = self.history_size
-        valid = jnp.arange(m) < count
-        ones = valid.astype(x.dtype)
+        valid = (jnp.arange(m) < count).astype(x.dtype)
         scale = jnp.max(jnp.diag(gram))
-        # Bordered system [[0, 1^T], [1, H]] [nu; alpha] = [1; 0]; unused slots get alpha = 0.
-        h = gram * (ones[:, None] * ones[None, :])
+        # min a^T H a subject to sum(a) = 1 over the filled slots: a = H^-1 1 / (1^T H^-1 1), with
+        # H the ridged Gram matrix of the filled slots and the identity on the empty ones (whose
+        # right-hand side 0 gives them a = 0).
+        h = gram * (valid[:, None] * valid[None, :]) + jnp.diag(1 - valid)
         h = h + (self.ridge * scale + jnp.finfo(x.dtype).tiny) * jnp.eye(m, dtype=x.dtype)
-        h = h + jnp.diag(1 - ones)
-        a = jnp.block([[jnp.zeros((1, 1), x.dtype), ones[None, :]], [ones[:, None], h]])
-        rhs = jnp.zeros(m + 1, x.dtype).at[0].set(1)
-        alpha = jnp.linalg.solve(a, rhs)[1:]
-        return alpha @ xs + self.damping * (alpha @ gs), state
+        # In at least float32: LAPACK has no bf16/fp16 solve, and m x m costs nothing.
+        wide = jnp.promote_types(x.dtype, jnp.float32)
+        w = jnp.linalg.solve(h.astype(wide), valid.astype(wide))
+        alpha = (w / jnp.sum(w)).astype(x.dtype)
+        return alpha @ ys, state
 
     def record(self, x, fx, state):
-        # Ring buffer of iterates and residuals g = f(x) - x; the Gram matrix of the residuals is
-        # updated by one row, so a step reads the history once (this loop is memory-bound when f
-        # is a vector-Jacobian product with a large working set).
-        xs, gs, gram, count = state
+        # Ring buffers of the damped images y = x + damping (f(x) - x), from which a step is one
+        # combination, and of the residuals g = f(x) - x, whose Gram matrix is updated by one row:
+        # a step reads the history once (this loop is memory-bound when f is a vector-Jacobian
+        # product with a large working set).
+        ys, gs, gram, count = state
         slot = count % self.history_size
         g = fx - x
-        xs, gs = xs.at[slot].set(x), gs.at[slot].set(g)
+        ys, gs = ys.at[slot].set(x + self.damping * g), gs.at[slot].set(g)
         dots = gs @ g
         gram = gram.at[slot, :].set(dots).at[:, slot].set(dots)
-        return xs, gs, gram, count + 1
+        return ys, gs, gram, count + 1
 
 
 class Broyden(AbstractFixedPointSolver):
@@ -146,6 +167,11 @@ class Broyden(AbstractFixedPointSolver):
     $x \leftarrow x - \lambda B g(x)$ and is updated by Sherman-Morrison from
     $s = \Delta x$, $y = \Delta g$: $B \leftarrow B + (s - By)\,s^\top B / (s^\top B y)$. The last
     `history_size` rank-one terms are kept (oldest overwritten first).
+
+    `check_every` steps are taken per trip of the loop, each guarded so that an iterate stops
+    changing once it has converged: the results are the same as with 1, the loop's trips (and,
+    on accelerators, its round trips to the host) fall by that factor, and up to
+    `check_every - 1` evaluations of $f$ are wasted at the end.
     """
 
     rtol: float = 1e-4
@@ -153,6 +179,7 @@ class Broyden(AbstractFixedPointSolver):
     max_steps: int = eqx.field(static=True, default=60)
     history_size: int = eqx.field(static=True, default=20)
     damping: float = 1.0
+    check_every: int = eqx.field(static=True, default=1)
 
     def __check_init__(self):
         self._check()
@@ -255,12 +282,23 @@ def advance(solver, fn, it: Iteration) -> Iteration:
     )
 
 
+def _going(it: Iteration, budget):
+    return ~it.done & (it.step < budget)
+
+
 def iterate(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
-    """Run to convergence, NaN/Inf, or `budget` evaluations of `fn` (a `lax.while_loop`)."""
-    it = first(solver, fn, x0)
-    return lax.while_loop(
-        lambda it: ~it.done & (it.step < budget), lambda it: advance(solver, fn, it), it
-    )
+    """Run to convergence, NaN/Inf, or `budget` evaluations of `fn` (a `lax.while_loop` taking
+    `solver.check_every` guarded steps per trip)."""
+
+    def trip(it):
+        it = advance(solver, fn, it)  # the loop's test said this one is needed
+        for _ in range(solver.check_every - 1):
+            # Selected, not branched on: a branch would need the predicate on the host.
+            go = _going(it, budget)
+            it = jax.tree.map(lambda a, b: jnp.where(go, a, b), advance(solver, fn, it), it)
+        return it
+
+    return lax.while_loop(lambda it: _going(it, budget), trip, first(solver, fn, x0))
 
 
 def iterate_unrolled(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
@@ -269,7 +307,8 @@ def iterate_unrolled(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iterat
     it = first(solver, fn, x0)
 
     def body(it, _):
-        go = ~it.done & (it.step < budget)
-        return lax.cond(go, lambda it: advance(solver, fn, it), lambda it: it, it), None
+        return lax.cond(
+            _going(it, budget), lambda it: advance(solver, fn, it), lambda it: it, it
+        ), None
 
     return lax.scan(body, it, length=solver.max_steps - 1)[0]
