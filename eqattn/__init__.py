@@ -33,6 +33,7 @@ from ._solve import (
     NormalCG as NormalCG,
     Phantom as Phantom,
     Picard as Picard,
+    SharedInverse as SharedInverse,
     Unrolled as Unrolled,
     fixed_point as fixed_point,
     jacobian_frobenius as jacobian_frobenius,

@@ -3,6 +3,7 @@ from ._adjoints import (
     ImplicitAdjoint as ImplicitAdjoint,
     JacobianFree as JacobianFree,
     Phantom as Phantom,
+    SharedInverse as SharedInverse,
     Unrolled as Unrolled,
 )
 from ._equilibrium import Equilibrium as Equilibrium

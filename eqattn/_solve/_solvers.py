@@ -203,6 +203,12 @@ class Broyden(AbstractFixedPointSolver):
     def _apply_t(us, vs, w):  # B^T w = -w + V^T (U w)
         return -w + (us @ w) @ vs
 
+    def inverse_adjoint(self, state, w):
+        r"""$-B^\top w$: the forward solve's estimate of $(I - J^\top)^{-1} w$ (with
+        $B \approx (J - I)^{-1}$), which a shared-inverse backward pass uses."""
+        us, vs = state[0], state[1]
+        return w - (us @ w) @ vs
+
     def step(self, x, fx, state):
         us, vs, count, x_prev, g_prev = state
         g = fx - x
