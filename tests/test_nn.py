@@ -163,6 +163,52 @@ def test_variational_dropout_keeps_one_mask_per_solve(getkey):
         block(x)
 
 
+def test_deq_transformer_warm_start(getkey):
+    # Starting from the previous fixed point gives the same fixed point in fewer steps.
+    model = enn.DEQTransformer(
+        3, 8, 2, key=getkey(), in_features=4, max_len=6, solver=eqattn.Picard(rtol=1e-8)
+    )
+    x = jax.random.normal(getkey(), (6, 4))
+    cold_logits, cold = model.forward(x)
+    warm_logits, warm = model.forward(x, z0=cold.value)
+    assert cold.converged and warm.converged and warm.steps < cold.steps
+    np.testing.assert_allclose(warm.value, cold.value, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(warm_logits, cold_logits, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match=r"`z0` must have the shape \(6, 8\)"):
+        model.forward(x, z0=jnp.zeros((5, 8)))
+
+
+def test_jacobian_penalty_against_the_full_jacobian(getkey):
+    # The Hutchinson estimate of |df/dz|_F^2 / size, averaged over many probes, against the
+    # Frobenius norm of the Jacobian built column by column (jax.jacrev), at the fixed point.
+    block = enn.DEQBlock(8, 2, key=getkey())
+    x = jax.random.normal(getkey(), (5, 8))
+    z = block(x)
+    injection = block.injection(x)
+    jac = jax.jacrev(lambda z: block.step(z, injection))(z).reshape(z.size, z.size)
+    exact = float(np.sum(np.asarray(jac) ** 2) / z.size)
+    estimate = block.jacobian_penalty(x, z, probe_key=getkey(), samples=4000)
+    assert abs(float(estimate) - exact) < 0.05 * exact
+    grads = jax.grad(
+        lambda b: b.jacobian_penalty(x, z, probe_key=jax.random.key(0)), allow_int=True
+    )(block)
+    leaves = jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))
+    assert all(np.all(np.isfinite(g)) for g in leaves)
+    assert any(np.any(g != 0) for g in leaves)  # it reaches the parameters
+    # with dropout, the penalty is that of the map the solve used (the same masks from `key`)
+    dropped = enn.DEQBlock(8, 2, key=getkey(), dropout=0.3)
+    k = getkey()
+    zd = dropped(x, key=k)
+    penalty = lambda **kw: dropped.jacobian_penalty(x, zd, probe_key=jax.random.key(1), **kw)  # noqa: E731
+    assert penalty(key=k) == penalty(key=k) != penalty(inference=True)
+    with pytest.raises(ValueError, match="needs `key`"):
+        penalty()
+    model = enn.DEQTransformer(3, 8, 2, key=getkey(), in_features=4, max_len=6)
+    xt = jax.random.normal(getkey(), (6, 4))
+    _, eq = model.forward(xt)
+    assert float(model.jacobian_penalty(xt, eq.value, probe_key=getkey())) > 0
+
+
 def test_hopfield_retrieves_stored_patterns(getkey):
     d, m = 64, 20
     stored = jax.random.normal(getkey(), (m, d))

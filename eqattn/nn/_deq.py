@@ -12,6 +12,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .._solve import (
@@ -19,6 +20,7 @@ from .._solve import (
     AbstractFixedPointSolver,
     Anderson,
     ImplicitAdjoint,
+    jacobian_frobenius,
 )
 from .._solve._equilibrium import Equilibrium
 from ._implicit import Norm, apply_norm, check_norm
@@ -155,6 +157,42 @@ class DEQBlock(AbstractEquilibriumLayer):
             x, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps
         ).value
 
+    def jacobian_penalty(
+        self,
+        x: Float[Array, "n dim"],
+        z: Float[Array, "n dim"],
+        *,
+        probe_key: PRNGKeyArray,
+        mask: Bool[Array, "n n"] | None = None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+        samples: int = 1,
+    ) -> Float[Array, ""]:
+        r"""$\lVert \partial f/\partial z
+        Vert_F^2 / (n \cdot \mathrm{dim})$ at `z` (a Hutchinson
+                estimate from `samples` probes drawn with `probe_key`) for the map that
+                [`equilibrium`][eqattn.nn.DEQBlock.equilibrium] solves with the same `x`, `mask`, `key`
+                and `inference` (hence the same dropout masks). Added to a training loss (times a small
+                weight) it keeps the fixed point well conditioned, so the solver needs fewer steps
+                (S. Bai, V. Koltun, J. Z. Kolter, "Stabilizing Equilibrium Models by Jacobian
+                Regularization", 2021). Differentiable with respect to the block's parameters."""
+        n = x.shape[0]
+        mask = check_mask(mask, n, n)
+        injection = self.injection(x)
+        drop = None
+        if self.dropout > 0 and not inference:
+            if key is None:
+                raise ValueError("DEQBlock with dropout > 0 needs `key` (or inference=True).")
+            drop = dropout_masks(key, self.dropout, n, self.mlp_in, injection.dtype)
+        penalty = jacobian_frobenius(
+            lambda z, block: block.step(z, injection, mask, drop),
+            lax.stop_gradient(z),
+            self,
+            key=probe_key,
+            samples=samples,
+        )
+        return penalty / z.size
+
 
 class DEQTransformer(eqx.Module):
     """Embedding -> position embedding -> one implicit [`eqattn.nn.DEQBlock`][] -> pooling -> head.
@@ -213,16 +251,54 @@ class DEQTransformer(eqx.Module):
         key: PRNGKeyArray | None = None,
         inference: bool = False,
         max_steps: int | None = None,
+        z0: Float[Array, "tokens dim"] | None = None,
     ) -> tuple[Array, Equilibrium]:
-        """Logits and the block's `Equilibrium`."""
+        """Logits and the block's `Equilibrium`. `z0` warm-starts the solve (e.g. this example's
+        previous fixed point, `eq.value`); `max_steps` caps it for this call."""
         h, padding_mask = embed_tokens(self, x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
+        if z0 is not None and jnp.shape(z0) != h.shape:
+            raise ValueError(
+                f"`z0` must have the shape {h.shape} of the block's state (tokens, dim); got "
+                f"{jnp.shape(z0)}."
+            )
         eq = self.block.equilibrium(
-            h, mask=attn_mask, key=key, inference=inference, max_steps=max_steps
+            h, mask=attn_mask, key=key, inference=inference, z0=z0, max_steps=max_steps
         )
         return read_out(self, eq.value, padding_mask), eq
 
-    def __call__(self, x, *, padding_mask=None, key=None, inference=False, max_steps=None):
+    def jacobian_penalty(
+        self,
+        x: Int[Array, " n"] | Float[Array, "n f"],
+        z: Float[Array, "tokens dim"],
+        *,
+        probe_key: PRNGKeyArray,
+        padding_mask: Bool[Array, " n"] | None = None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+        samples: int = 1,
+    ) -> Float[Array, ""]:
+        """The block's [`jacobian_penalty`][eqattn.nn.DEQBlock.jacobian_penalty] at `z` (e.g.
+        `forward`'s `eq.value`) for the input `x`, with the same `padding_mask`, `key` and
+        `inference` as the `forward` call that found `z`."""
+        h, padding_mask = embed_tokens(self, x, padding_mask)
+        attn_mask = None if padding_mask is None else padding_mask[None, :]
+        return self.block.jacobian_penalty(
+            h,
+            z,
+            probe_key=probe_key,
+            mask=attn_mask,
+            key=key,
+            inference=inference,
+            samples=samples,
+        )
+
+    def __call__(self, x, *, padding_mask=None, key=None, inference=False, max_steps=None, z0=None):
         return self.forward(
-            x, padding_mask=padding_mask, key=key, inference=inference, max_steps=max_steps
+            x,
+            padding_mask=padding_mask,
+            key=key,
+            inference=inference,
+            max_steps=max_steps,
+            z0=z0,
         )[0]
