@@ -124,6 +124,48 @@ def test_errors_are_one_line(trained, capsys, tmp_path):
         _one_line_error(exit_info.value.code, capsys.readouterr().err, 2, pattern)
 
 
+def test_training_levers(capsys, tmp_path):
+    # The DEQ levers of `eqattn train` run end to end; one optimizer step is a valid run.
+    levers = [
+        "--warm-start",
+        "--train-steps",
+        "4",
+        "--jacobian-weight",
+        "0.5",
+        "--solver",
+        "picard",
+        "--backward-solver",
+        "picard",
+        "--backward-steps",
+        "3",
+    ]
+    code, out, err = run(
+        capsys, "train", *TINY, "--epochs", "2", *levers, "--out", str(tmp_path / "a")
+    )
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert metrics["train_config"]["warm_start"] and metrics["train_config"]["train_steps"] == 4
+    assert metrics["model_config"]["backward_steps"] == 3
+    assert all(h["solver_steps"] <= 4 for h in metrics["history"])
+    code, out, err = run(
+        capsys, "train", *TINY, "--adjoint", "shared-inverse", "--solver", "broyden",
+        "--epochs", "1", "--out", str(tmp_path / "b"),
+    )  # fmt: skip
+    assert code == 0, err
+    code, out, err = run(
+        capsys, "train", "--train-size", "8", "--epochs", "1", "--dim", "8", "--heads", "2",
+        "--no-progress", "--out", str(tmp_path / "one-step"),
+    )  # fmt: skip
+    assert code == 0, err
+    for argv, pattern in [
+        (["--train-steps", "0"], "--train-steps must be >= 1"),
+        (["--jacobian-weight", "-1"], "--jacobian-weight must be >= 0"),
+        (["--backward-steps", "0"], "--backward-steps must be >= 1"),
+    ]:
+        code, _, err = run(capsys, "train", *TINY, *argv, "--out", str(tmp_path / "c"))
+        _one_line_error(code, err, 1, pattern)
+
+
 def test_ctrl_c_keeps_a_checkpoint(tmp_path, capsys):
     env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(

@@ -63,6 +63,18 @@ def parser() -> argparse.ArgumentParser:
         "--rtol", type=float, default=m.rtol, help="solver tolerance (relative residual)"
     )
     tr.add_argument("--max-steps", type=int, default=m.max_steps, help="solver step limit")
+    tr.add_argument(
+        "--backward-solver",
+        choices=tuple(SOLVERS),
+        default=m.backward_solver,
+        help="implicit adjoint: the solver of the backward linear system",
+    )
+    tr.add_argument(
+        "--backward-steps",
+        type=int,
+        default=m.backward_steps,
+        help="implicit adjoint: its step limit (default: --max-steps)",
+    )
     tr.add_argument("--epochs", type=int, default=t.epochs)
     tr.add_argument("--batch-size", type=int, default=t.batch_size)
     tr.add_argument(
@@ -81,6 +93,24 @@ def parser() -> argparse.ArgumentParser:
         "--train-size", type=int, default=None, help="use only the first N training images"
     )
     tr.add_argument("--seed", type=int, default=t.seed)
+    tr.add_argument(
+        "--train-steps",
+        type=int,
+        default=t.train_steps,
+        help="DEQ: the solver's step limit while training (default: --max-steps)",
+    )
+    tr.add_argument(
+        "--warm-start",
+        action=argparse.BooleanOptionalAction,
+        default=t.warm_start,
+        help="DEQ: start each training example's solve from its previous fixed point",
+    )
+    tr.add_argument(
+        "--jacobian-weight",
+        type=float,
+        default=t.jacobian_weight,
+        help="DEQ: weight of the Jacobian penalty |df/dz|_F^2 at the fixed point (0: off)",
+    )
     tr.add_argument(
         "--out", default="runs/digits", help="output directory (checkpoint.eqx, metrics.json)"
     )

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from .. import nn
-from .._solve import Anderson, Broyden, ImplicitAdjoint, JacobianFree, Phantom, Picard, Unrolled
+from .._solve import (
+    Anderson,
+    Broyden,
+    ImplicitAdjoint,
+    JacobianFree,
+    Phantom,
+    Picard,
+    SharedInverse,
+    Unrolled,
+)
 from ._errors import CommandError
 
 SOLVERS = {"anderson": Anderson, "picard": Picard, "broyden": Broyden}
-ADJOINTS = ("implicit", "phantom", "jacobian-free", "unrolled")
+ADJOINTS = ("implicit", "phantom", "jacobian-free", "unrolled", "shared-inverse")
 NUM_CLASSES = 10
 
 
@@ -32,6 +41,9 @@ class ModelConfig:
     adjoint: str = "implicit"
     rtol: float = 1e-3
     max_steps: int = 30
+    # implicit adjoint: the backward solver and its step budget (None: max_steps)
+    backward_solver: str = "anderson"
+    backward_steps: int | None = None
     num_tokens: int = 8
     in_features: int = 8
 
@@ -44,6 +56,13 @@ class ModelConfig:
             raise CommandError(
                 f"--adjoint must be one of {', '.join(ADJOINTS)}; got {self.adjoint!r}"
             )
+        if self.backward_solver not in SOLVERS:
+            raise CommandError(
+                f"--backward-solver must be one of {', '.join(SOLVERS)}; got "
+                f"{self.backward_solver!r}"
+            )
+        if self.backward_steps is not None and self.backward_steps < 1:
+            raise CommandError(f"--backward-steps must be >= 1; got {self.backward_steps}")
         for name in ("dim", "heads", "depth", "max_steps"):
             if getattr(self, name) < 1:
                 raise CommandError(
@@ -69,7 +88,11 @@ def solver_of(config: ModelConfig):
 def adjoint_of(config: ModelConfig):
     if config.adjoint == "implicit":
         # Training tolerates an inexact backward solve; the forward residual is what we report.
-        return ImplicitAdjoint(Anderson(rtol=config.rtol, max_steps=config.max_steps), throw=False)
+        steps = config.max_steps if config.backward_steps is None else config.backward_steps
+        linear = SOLVERS[config.backward_solver](rtol=config.rtol, max_steps=steps)
+        return ImplicitAdjoint(linear, throw=False)
+    if config.adjoint == "shared-inverse":
+        return SharedInverse()
     return {"phantom": Phantom(), "jacobian-free": JacobianFree(), "unrolled": Unrolled()}[
         config.adjoint
     ]
@@ -109,12 +132,23 @@ def count_params(config: ModelConfig, *, width: int | None = None) -> int:
     return sum(x.size for x in jax.tree.leaves(shapes) if isinstance(x, jax.ShapeDtypeStruct))
 
 
-def predict(model: eqx.Module, x, max_steps: int | None = None, key=None):
-    """Logits `[10]`, solver steps, relative residual and convergence of one example; `key`
-    (training) draws dropout masks, without it the model runs in inference mode."""
+class Prediction(NamedTuple):
+    """One example's logits `[10]` and, for the DEQ model, its solve: steps, relative residual,
+    convergence and the fixed point (a warm start for the next solve of this example)."""
+
+    logits: jax.Array
+    steps: jax.Array
+    residual: jax.Array
+    converged: jax.Array
+    fixed_point: jax.Array | None
+
+
+def predict(model: eqx.Module, x, max_steps=None, key=None, z0=None) -> Prediction:
+    """`key` (training) draws dropout masks, without it the model runs in inference mode; `z0`
+    warm-starts the DEQ model's solve."""
     inference = key is None
     if isinstance(model, nn.DEQTransformer):
-        logits, eq = model.forward(x, key=key, inference=inference, max_steps=max_steps)
-        return logits, eq.steps, eq.relative_residual, eq.converged
+        logits, eq = model.forward(x, key=key, inference=inference, max_steps=max_steps, z0=z0)
+        return Prediction(logits, eq.steps, eq.relative_residual, eq.converged, eq.value)
     logits = model(x, key=key, inference=inference)
-    return logits, jnp.array(0), jnp.array(0.0), jnp.array(True)
+    return Prediction(logits, jnp.array(0), jnp.array(0.0), jnp.array(True), None)

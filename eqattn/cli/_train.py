@@ -36,6 +36,13 @@ class TrainConfig:
     label_smoothing: float = 0.1
     train_size: int | None = None  # the first N training images only (quick runs)
     seed: int = 0
+    # DEQ only: the forward solver's step budget while training (None: the model's max_steps,
+    # which evaluation uses), and whether each training example's solve starts from its
+    # previous fixed point instead of zeros.
+    train_steps: int | None = None
+    warm_start: bool = False
+    # DEQ only: weight of the Jacobian penalty |df/dz|_F^2 / size at the fixed point (0: none)
+    jacobian_weight: float = 0.0
 
     def __post_init__(self):
         for name in ("epochs", "batch_size"):
@@ -51,6 +58,10 @@ class TrainConfig:
             raise CommandError(f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
         if self.train_size is not None and self.train_size < 1:
             raise CommandError(f"--train-size must be >= 1; got {self.train_size}")
+        if not self.jacobian_weight >= 0:
+            raise CommandError(f"--jacobian-weight must be >= 0; got {self.jacobian_weight}")
+        if self.train_steps is not None and self.train_steps < 1:
+            raise CommandError(f"--train-steps must be >= 1; got {self.train_steps}")
 
 
 def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndarray:
@@ -65,9 +76,12 @@ def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np
     return padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
-def _optimizer(config: TrainConfig, total_steps: int):
+def optimizer_of(config: TrainConfig, total_steps: int):
+    """AdamW with warm-up and cosine decay (and gradient clipping) for `total_steps` steps."""
+    warmup = max(1, total_steps // 20)
+    # optax needs a decay phase after the warm-up, also for a run of one or two steps.
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, config.lr, max(1, total_steps // 20), total_steps, config.lr / 100
+        0.0, config.lr, warmup, max(total_steps, warmup + 1), config.lr / 100
     )
     adamw = optax.adamw(schedule, weight_decay=config.weight_decay)
     return optax.chain(optax.clip_by_global_norm(config.clip), adamw) if config.clip else adamw
@@ -76,10 +90,46 @@ def _optimizer(config: TrainConfig, total_steps: int):
 def make_evaluator():
     @eqx.filter_jit
     def evaluate(model, x, max_steps):
-        logits, steps, residual, converged = jax.vmap(lambda xi: predict(model, xi, max_steps))(x)
-        return jnp.argmax(logits, -1), steps, residual, converged
+        p = jax.vmap(lambda xi: predict(model, xi, max_steps))(x)
+        return jnp.argmax(p.logits, -1), p.steps, p.residual, p.converged
 
     return evaluate
+
+
+def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
+    """`step(model, opt_state, x, y, key, z0) -> (model, opt_state, loss, stats, z)`: one
+    optimizer step on a batch, with the DEQ levers of `config` (training step budget, warm start
+    from `z0` (None: zeros), Jacobian penalty). `stats` = (accuracy, mean solver steps, mean
+    relative residual, fraction converged); `z` the fixed points (None for the explicit model)."""
+    regularize = model_config.model == "deq" and config.jacobian_weight > 0
+
+    def loss_fn(model, x, y, key, z0):
+        def one(xi, ki, zi):
+            return predict(model, xi, config.train_steps, key=ki, z0=zi)
+
+        keys = jax.random.split(key, (2, len(x)))
+        p = jax.vmap(one)(x, keys[0], z0)
+        targets = optax.smooth_labels(jax.nn.one_hot(y, NUM_CLASSES), config.label_smoothing)
+        loss = optax.softmax_cross_entropy(p.logits, targets).mean()
+        if regularize:
+            penalty = jax.vmap(
+                lambda xi, zi, ki, pk: model.jacobian_penalty(xi, zi, key=ki, probe_key=pk)
+            )(x, p.fixed_point, keys[0], keys[1])
+            loss = loss + config.jacobian_weight * penalty.mean()
+        acc = jnp.mean(jnp.argmax(p.logits, -1) == y)
+        stats = (acc, p.steps.mean(), p.residual.mean(), p.converged.mean())
+        return loss, (stats, p.fixed_point)
+
+    def step(model, opt_state, x, y, key, z0):
+        (loss, (stats, z)), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(
+            model, x, y, key, z0
+        )
+        updates, opt_state = optimizer.update(
+            grads, opt_state, eqx.filter(model, eqx.is_inexact_array)
+        )
+        return eqx.apply_updates(model, updates), opt_state, loss, stats, z
+
+    return step
 
 
 def train(
@@ -117,28 +167,26 @@ def train(
     key, init_key = jax.random.split(jax.random.key(config.seed))
     model = build_model(model_config, init_key)
     n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
-    optimizer = _optimizer(config, total)
+    optimizer = optimizer_of(config, total)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
 
-    def loss_fn(model, x, y, key):
-        one = lambda xi, ki: predict(model, xi, key=ki)  # noqa: E731
-        logits, steps, residual, converged = jax.vmap(one)(x, jax.random.split(key, len(x)))
-        targets = optax.smooth_labels(jax.nn.one_hot(y, NUM_CLASSES), config.label_smoothing)
-        loss = optax.softmax_cross_entropy(logits, targets).mean()
-        acc = jnp.mean(jnp.argmax(logits, -1) == y)
-        return loss, (acc, steps.mean(), residual.mean(), converged.mean())
-
-    def step(model, opt_state, x, y, key):
-        (loss, aux), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, x, y, key)
-        updates, opt_state = optimizer.update(
-            grads, opt_state, eqx.filter(model, eqx.is_inexact_array)
-        )
-        return eqx.apply_updates(model, updates), opt_state, loss, aux
+    warm = model_config.model == "deq" and config.warm_start
+    step = make_train_step(model_config, config, optimizer)
 
     rng = np.random.default_rng(config.seed)
     x0 = jnp.asarray(data.tokenize(train_images[:batch], model_config.tokens))
+    # Each training example's last fixed point (zeros until its first solve), when warm-starting.
+    fixed_points, z_batch = None, None
+    if warm:
+        state = eqx.filter_eval_shape(lambda: predict(model, x0[0]).fixed_point)
+        fixed_points = np.zeros((n_train, *state.shape), state.dtype)
+        z_batch = jnp.asarray(fixed_points[:batch])
     t_compile = time.perf_counter()
-    compiled = eqx.filter_jit(step).lower(model, opt_state, x0, train_labels[:batch], key).compile()
+    compiled = (
+        eqx.filter_jit(step)
+        .lower(model, opt_state, x0, train_labels[:batch], key, z_batch)
+        .compile()
+    )
     compile_s = time.perf_counter() - t_compile
     memory = compiled.compiled.memory_analysis()
     step_temp_mb = None if memory is None else memory.temp_size_in_bytes / 2**20
@@ -201,9 +249,12 @@ def train(
             for i in range(steps_per_epoch):
                 idx = perm[i * batch : (i + 1) * batch]
                 key, sub = jax.random.split(key)
-                new_model, new_state, loss, aux = compiled(
-                    model, opt_state, x_all[idx], train_labels[idx], sub
+                z0 = fixed_points[idx] if warm else None
+                new_model, new_state, loss, aux, z = compiled(
+                    model, opt_state, x_all[idx], train_labels[idx], sub, z0
                 )
+                if warm:
+                    fixed_points[idx] = np.asarray(z)
                 values = np.array([float(loss), *(float(a) for a in aux)])
                 if not math.isfinite(values[0]):
                     raise CommandError(
