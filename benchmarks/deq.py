@@ -1,21 +1,34 @@
-"""`deq`: the reference DEQ attention problem P1, every solver x adjoint, against plain jaxopt.
+"""`deq`: DEQ attention problems, every solver x adjoint, against plain jaxopt.
+
+P1, the reference problem (`shared/problems/P1.md`):
 
     f(z; x) = LN(z + softmax(z Wq (z Wk)^T / sqrt(D)) z Wv + x)   (layer norm over D, no affine)
     B, N, D = 16, 64, 64, float32; W ~ N(0, (0.6/sqrt(D))^2) drawn from numpy's default_rng(0) in
     the order Wq, Wk, Wv, then x; z0 = 0; stop at |f(z) - z| / |f(z)| <= 1e-4 (whole batch, 2-norm)
     or 60 steps; loss = sum(z* * C), C from default_rng(1).
 
+P2, GPU-sized (run on accelerators; `--quick` runs a tiny version everywhere):
+
+    f(z; x) = LN(z + MHA(z) Wo + x), MHA with 8 heads of D/8 features (beta = (D/8)^-1/2)
+    B, N, D = 64, 512, 256; float32 (stop at 1e-4) and bfloat16 (stop at 1e-2, about what bf16
+    can resolve); Wq, Wk, Wv, Wo, x and C drawn as in P1.
+
 The baselines are written by hand with jaxopt (AndersonAcceleration and FixedPointIteration,
 implicit_diff=True, their default backward solve). jaxopt's stop test is absolute,
-|f(z) - z| <= tol, so tol = 1e-4 * |z| with |z| = sqrt(B N D), the norm of a layer-normalized z.
+|f(z) - z| <= tol, so tol = rtol * |z| with |z| = sqrt(B N D), the norm of a layer-normalized z.
 With torch and torchdeq installed, torchdeq's Anderson and fixed-point solvers (ift=True) run
-the same problem too (see `benchmarks/_torchdeq.py`). The floor is 15 evaluations of f in a jitted, unrolled loop: the least an Anderson forward pass
-does here. All cases are timed round-robin (one call of each per round) so that ratios compare
-calls made at the same moments. Gradient norm: the sum of the norms of dloss/dWq, dWk, dWv.
+the same problems too (`benchmarks/_torchdeq.py`; on the GPU when torch has CUDA). The floor
+is 15 evaluations of f in a jitted, unrolled loop: the least an Anderson forward pass does on
+P1. eqattn's solvers also run with `check_every=4` (four guarded steps per trip of the loop:
+fewer round trips to the host on accelerators). All cases of a problem are timed round-robin
+(one call of each per round) so that ratios compare calls made at the same moments. Gradient
+norm: the sum of the norms of dloss/dW. A case that fails (e.g. jaxopt's Anderson, whose small
+solve has no bfloat16 kernel) is reported with its error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -28,29 +41,62 @@ import eqattn
 from . import _torchdeq
 from ._harness import print_table, time_interleaved
 
-B, N, D = 16, 64, 64
-RTOL, MAX_STEPS, FLOOR_STEPS = 1e-4, 60, 15
+MAX_STEPS, FLOOR_STEPS = 60, 15
 
 
-def problem(batch: int = B):
-    rng = np.random.default_rng(0)
-    s = 0.6 / math.sqrt(D)
-    weights = tuple((rng.normal(size=(D, D)) * s).astype(np.float32) for _ in range(3))
-    x = rng.normal(size=(B, N, D)).astype(np.float32)[:batch]
-    c = np.random.default_rng(1).normal(size=(B, N, D)).astype(np.float32)[:batch]
-    return weights, x, c
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    name: str
+    B: int
+    N: int
+    D: int
+    heads: int  # 0: P1's single attention without an output projection
+    dtype: str
+    rtol: float
+
+    def arrays(self):
+        rng = np.random.default_rng(0)
+        s = 0.6 / math.sqrt(self.D)
+        count = 3 if self.heads == 0 else 4
+        dtype = jnp.dtype(self.dtype)
+        weights = tuple(
+            jnp.asarray((rng.normal(size=(self.D, self.D)) * s).astype(np.float32), dtype)
+            for _ in range(count)
+        )
+        x = rng.normal(size=(self.B, self.N, self.D)).astype(np.float32)
+        c = np.random.default_rng(1).normal(size=(self.B, self.N, self.D)).astype(np.float32)
+        return weights, jnp.asarray(x, dtype), jnp.asarray(c, dtype)
+
+    def f(self, z, weights, x):
+        if self.heads == 0:
+            wq, wk, wv = weights
+            attn = eqattn.attention(z @ wq, z @ wk, z @ wv, beta=1 / math.sqrt(self.D))
+            return eqattn.renormalize(z + attn + x)
+        wq, wk, wv, wo = weights
+        q, k, v = (eqattn.split_heads(z @ w, self.heads) for w in (wq, wk, wv))
+        attn = eqattn.attention(q, k, v, beta=1 / math.sqrt(self.D // self.heads))
+        return eqattn.renormalize(z + eqattn.merge_heads(attn) @ wo + x)
 
 
-def f(z, weights, x):
-    wq, wk, wv = weights
-    attn = eqattn.attention(z @ wq, z @ wk, z @ wv, beta=1 / math.sqrt(D))
-    return eqattn.renormalize(z + attn + x)
+P1 = Problem("P1", 16, 64, 64, 0, "float32", 1e-4)
 
 
-def _ours(solver, adjoint):
+def problems(quick: bool) -> list[Problem]:
+    if quick:
+        return [dataclasses.replace(P1, B=2), Problem("P2", 2, 16, 32, 4, "float32", 1e-4)]
+    out = [P1]
+    if jax.default_backend() != "cpu":
+        out += [
+            Problem("P2", 64, 512, 256, 8, "float32", 1e-4),
+            Problem("P2", 64, 512, 256, 8, "bfloat16", 1e-2),
+        ]
+    return out
+
+
+def _ours(p: Problem, solver, adjoint):
     def solve(weights, x):
         return eqattn.fixed_point(
-            lambda z, a: f(z, *a), jnp.zeros_like(x), (weights, x), solver=solver, adjoint=adjoint
+            lambda z, a: p.f(z, *a), jnp.zeros_like(x), (weights, x), solver=solver, adjoint=adjoint
         )
 
     def forward(weights, x):
@@ -58,19 +104,19 @@ def _ours(solver, adjoint):
         return eq.value, eq.steps, eq.relative_residual
 
     def loss(weights, x, c):
-        return jnp.sum(solve(weights, x).value * c)
+        return jnp.sum(solve(weights, x).value.astype(jnp.float32) * c.astype(jnp.float32))
 
     return forward, loss
 
 
-def _jaxopt(kind):
+def _jaxopt(p: Problem, kind):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import jaxopt
 
     def make(x):
-        tol = RTOL * math.sqrt(x.size)  # |z| of a layer-normalized z
-        fun = lambda z, weights, x: f(z, weights, x)  # noqa: E731
+        tol = p.rtol * math.sqrt(x.size)  # |z| of a layer-normalized z
+        fun = lambda z, weights, x: p.f(z, weights, x)  # noqa: E731
         if kind == "anderson":
             return jaxopt.AndersonAcceleration(
                 fun, history_size=5, maxiter=MAX_STEPS, tol=tol, implicit_diff=True
@@ -79,96 +125,143 @@ def _jaxopt(kind):
 
     def forward(weights, x):
         z, state = make(x).run(jnp.zeros_like(x), weights, x)
-        fz = f(z, weights, x)
-        return z, state.iter_num, jnp.linalg.norm(fz - z) / jnp.linalg.norm(fz)
+        fz = p.f(z, weights, x)
+        rel = jnp.linalg.norm((fz - z).astype(jnp.float32)) / jnp.linalg.norm(
+            fz.astype(jnp.float32)
+        )
+        return z, state.iter_num, rel
 
     def loss(weights, x, c):
-        return jnp.sum(make(x).run(jnp.zeros_like(x), weights, x).params * c)
+        z = make(x).run(jnp.zeros_like(x), weights, x).params
+        return jnp.sum(z.astype(jnp.float32) * c.astype(jnp.float32))
 
     return forward, loss
 
 
-def _floor(weights, x):
-    z = jnp.zeros_like(x)
-    for _ in range(FLOOR_STEPS):
-        z = f(z, weights, x)
-    return z
+def _floor(p: Problem):
+    def floor(weights, x):
+        z = jnp.zeros_like(x)
+        for _ in range(FLOOR_STEPS):
+            z = p.f(z, weights, x)
+        return z
+
+    return floor
 
 
-def _configs():
+def _configs(p: Problem):
     implicit = eqattn.ImplicitAdjoint()
-    out = [("jaxopt Anderson m=5 (baseline)", *_jaxopt("anderson"))]
-    out.append(("jaxopt FixedPointIteration", *_jaxopt("picard")))
-    for sname, solver in [
-        ("Anderson m=5", eqattn.Anderson(rtol=RTOL, atol=0.0, max_steps=MAX_STEPS)),
-        ("Picard", eqattn.Picard(rtol=RTOL, atol=0.0, max_steps=MAX_STEPS)),
-        ("Broyden", eqattn.Broyden(rtol=RTOL, atol=0.0, max_steps=MAX_STEPS)),
-    ]:
-        for aname, adjoint in [("implicit", implicit), ("JacobianFree", eqattn.JacobianFree())]:
-            out.append((f"eqattn {sname} + {aname}", *_ours(solver, adjoint)))
+    out = [("jaxopt Anderson m=5 (baseline)", *_jaxopt(p, "anderson"))]
+    out.append(("jaxopt FixedPointIteration", *_jaxopt(p, "picard")))
+    common = dict(rtol=p.rtol, atol=0.0, max_steps=MAX_STEPS)
+    for sname, kind in [("Anderson m=5", eqattn.Anderson), ("Picard", eqattn.Picard)]:
+        for check in (1, 4):
+            solver = kind(**common, check_every=check)
+            label = sname if check == 1 else f"{sname} (check_every=4)"
+            adjoints = [("implicit", implicit), ("JacobianFree", eqattn.JacobianFree())]
+            for aname, adjoint in adjoints if check == 1 else adjoints[:1]:
+                out.append((f"eqattn {label} + {aname}", *_ours(p, solver, adjoint)))
+    broyden = eqattn.Broyden(**common)
+    for aname, adjoint in [("implicit", implicit), ("JacobianFree", eqattn.JacobianFree())]:
+        out.append((f"eqattn Broyden + {aname}", *_ours(p, broyden, adjoint)))
     return out
 
 
 def _grad_norm(grads):
-    return float(sum(jnp.linalg.norm(g) for g in grads))
+    return float(sum(jnp.linalg.norm(g.astype(jnp.float32)) for g in grads))
 
 
-def run(quick: bool = False) -> tuple[list[dict], dict]:
-    repeats = 3 if quick else 20
-    weights, x, c = problem(batch=2 if quick else B)
-    configs = _configs()
-    cases = {"floor": (_floor, weights, x)}
+def _run_problem(p: Problem, repeats: int) -> tuple[list[dict], float]:
+    weights, x, c = p.arrays()
+    configs = _configs(p)
+    cases = {"floor": (_floor(p), weights, x)}
     for name, forward, loss in configs:
         cases[name + " | forward"] = (forward, weights, x)
         cases[name + " | forward+backward"] = (jax.grad(loss), weights, x, c)
-    timings = time_interleaved(cases, repeats=repeats)
-    floor = timings["floor"]
-    rows = []
+    errors: dict[str, str] = {}
+    timings = time_interleaved(cases, repeats=repeats, errors=errors)
+    floor = timings["floor"]["median_s"]
     base_name = configs[0][0]
-    base_norm = _grad_norm(timings[base_name + " | forward+backward"]["output"])
-    base_fwd = timings[base_name + " | forward"]["median_s"]
-    base_total = timings[base_name + " | forward+backward"]["median_s"]
-    for name, forward, loss in configs:
-        t_fwd = timings[name + " | forward"]
-        t_total = timings[name + " | forward+backward"]
+    base = {mode: timings.get(f"{base_name} | {mode}") for mode in ("forward", "forward+backward")}
+    base_norm = _grad_norm(base["forward+backward"]["output"]) if base["forward+backward"] else None
+    head = {"problem": p.name, "dtype": p.dtype, "B": p.B, "N": p.N, "D": p.D, "heads": p.heads}
+    rows = []
+    for name, _, _ in configs:
+        t_fwd = timings.get(name + " | forward")
+        t_total = timings.get(name + " | forward+backward")
+        if t_fwd is None or t_total is None:
+            error = errors.get(name + " | forward") or errors.get(name + " | forward+backward")
+            rows.append({**head, "method": name, "error": error})
+            continue
         _, steps, rel = t_fwd["output"]
         norm = _grad_norm(t_total["output"])
         rows.append(
             {
+                **head,
                 "method": name,
                 "steps": int(steps),
                 "relative_residual": float(rel),
                 "forward_ms": 1e3 * t_fwd["median_s"],
                 "forward_backward_ms": 1e3 * t_total["median_s"],
-                "forward_ratio": t_fwd["median_s"] / base_fwd,
-                "forward_backward_ratio": t_total["median_s"] / base_total,
-                "forward_over_floor": t_fwd["median_s"] / floor["median_s"],
+                "forward_ratio": _ratio(t_fwd, base["forward"]),
+                "forward_backward_ratio": _ratio(t_total, base["forward+backward"]),
+                "forward_over_floor": t_fwd["median_s"] / floor,
                 "grad_norm": norm,
-                "grad_norm_rel_diff": abs(norm - base_norm) / base_norm,
+                "grad_norm_rel_diff": None
+                if base_norm is None
+                else abs(norm - base_norm) / base_norm,
                 "compile_s": t_fwd["compile_s"] + t_total["compile_s"],
                 "forward_times_s": t_fwd["times_s"],
                 "forward_backward_times_s": t_total["times_s"],
             }
         )
     if _torchdeq.available():
-        for r in _torchdeq.run(weights, x, c, rtol=RTOL, max_steps=MAX_STEPS, repeats=repeats):
+        for r in _torchdeq.run(p, rtol=p.rtol, max_steps=MAX_STEPS, repeats=repeats):
+            if "error" in r:
+                rows.append({**head, **r})
+                continue
             rows.append(
                 {
+                    **head,
                     **r,
                     "forward_ms": 1e3 * r["forward_s"],
                     "forward_backward_ms": 1e3 * r["forward_backward_s"],
-                    "forward_ratio": r["forward_s"] / base_fwd,
-                    "forward_backward_ratio": r["forward_backward_s"] / base_total,
-                    "forward_over_floor": r["forward_s"] / floor["median_s"],
-                    "grad_norm_rel_diff": abs(r["grad_norm"] - base_norm) / base_norm,
+                    "forward_ratio": _ratio({"median_s": r["forward_s"]}, base["forward"]),
+                    "forward_backward_ratio": _ratio(
+                        {"median_s": r["forward_backward_s"]}, base["forward+backward"]
+                    ),
+                    "forward_over_floor": r["forward_s"] / floor,
+                    "grad_norm_rel_diff": None
+                    if base_norm is None
+                    else abs(r["grad_norm"] - base_norm) / base_norm,
                 }
             )
-    else:
+    return rows, floor
+
+
+def _ratio(t, base) -> float | None:
+    return None if base is None else t["median_s"] / base["median_s"]
+
+
+def run(quick: bool = False) -> tuple[list[dict], dict]:
+    repeats = 3 if quick else 20
+    rows, floors = [], {}
+    if not _torchdeq.available():
         print("(torch/torchdeq not installed: no torchdeq rows; `pip install torch torchdeq`)")
-    print(f"floor ({FLOOR_STEPS} evaluations of f): {1e3 * floor['median_s']:.2f} ms")
+    for p in problems(quick):
+        if p.name == "P2" and not quick:
+            repeats = 10
+        problem_rows, floor = _run_problem(p, repeats)
+        rows += problem_rows
+        key = f"{p.name} {p.dtype}"
+        floors[key] = 1e3 * floor
+        print(f"{key}: floor ({FLOOR_STEPS} evaluations of f) {1e3 * floor:.2f} ms")
+    if jax.default_backend() == "cpu" and not quick:
+        print("(P2, GPU-sized, runs on accelerators only)")
     print_table(
         rows,
         [
+            ("problem", "problem", "s"),
+            ("dtype", "dtype", "s"),
             ("method", "method", "s"),
             ("steps", "steps", "d"),
             ("relative_residual", "rel. residual", ".1e"),
@@ -181,9 +274,13 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             ("grad_norm_rel_diff", "vs base", ".1e"),
         ],
     )
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['problem']} {r['dtype']} {r['method']}: {r['error'][:160]}")
     extra = {
-        "problem": {"B": x.shape[0], "N": N, "D": D, "rtol": RTOL, "max_steps": MAX_STEPS},
-        "floor_ms": 1e3 * floor["median_s"],
+        "problems": [dataclasses.asdict(p) for p in problems(quick)],
+        "max_steps": MAX_STEPS,
+        "floor_ms": floors,
         "floor_steps": FLOOR_STEPS,
     }
     return rows, extra

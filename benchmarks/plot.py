@@ -98,6 +98,7 @@ def _scaling(fig, rows):
 
 def _deq(fig, rows):
     ax = fig.subplots()
+    rows = [r for r in rows if not r.get("error") and r.get("problem", "P1") == "P1"]
     names = [r["method"] for r in rows]
     ax.barh(names, [r["forward_backward_ms"] for r in rows], label="forward+backward")
     ax.barh(names, [r["forward_ms"] for r in rows], label="forward")
@@ -129,9 +130,30 @@ def _kernel(fig, rows):
         ax.legend(fontsize=7)
 
 
+def _training(fig, rows):
+    ax = fig.subplots()
+    for r in rows:
+        ax.errorbar(
+            r["step_ratio_to_explicit"],
+            100 * r["accuracy_mean"],
+            yerr=[
+                [100 * (r["accuracy_mean"] - r["accuracy_min"])],
+                [100 * (r["accuracy_max"] - r["accuracy_mean"])],
+            ],
+            marker="o",
+            capsize=3,
+            label=r["case"].strip(),
+        )
+    ax.set(xlabel="training step time / explicit step", ylabel="test accuracy (%)")
+    ax.set_title("DEQ training levers (mean, min-max over seeds)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6)
+
+
 PLOTS = {
     "core": _core,
     "kernel": _kernel,
+    "training": _training,
     "memory": _memory,
     "layers": _layers,
     "scaling": _scaling,

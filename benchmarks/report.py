@@ -127,33 +127,55 @@ def memory(payload) -> str:
 
 
 def deq(payload) -> str:
-    return _table(
-        [
-            "method",
-            "steps",
-            "rel. residual",
-            "fwd ms",
-            "x baseline",
-            "x floor",
-            "fwd+bwd ms",
-            "x baseline",
-            "grad norm",
-        ],
-        [
+    """One table per problem (P1; P2 where the file has it); failed cases with their error."""
+    tables = []
+    rows = payload["rows"]
+    groups = dict.fromkeys((r.get("problem", "P1"), r.get("dtype", "float32")) for r in rows)
+    for problem, dtype in groups:
+        part = [
+            r
+            for r in rows
+            if (r.get("problem", "P1"), r.get("dtype", "float32")) == (problem, dtype)
+        ]
+        table = _table(
             [
-                r["method"],
-                r["steps"],
-                f"{r['relative_residual']:.1e}",
-                f"{r['forward_ms']:.3g}",
-                f"{r['forward_ratio']:.2f}",
-                f"{r['forward_over_floor']:.2f}",
-                f"{r['forward_backward_ms']:.3g}",
-                f"{r['forward_backward_ratio']:.2f}",
-                f"{r['grad_norm']:.2f}",
-            ]
-            for r in payload["rows"]
-        ],
-    )
+                "method",
+                "steps",
+                "rel. residual",
+                "fwd ms",
+                "x baseline",
+                "x floor",
+                "fwd+bwd ms",
+                "x baseline",
+                "grad norm",
+            ],
+            [
+                [r["method"], "", "", "", "", "", "", "", f"failed: {r['error'][:80]}"]
+                if r.get("error")
+                else [
+                    r["method"],
+                    r["steps"],
+                    f"{r['relative_residual']:.1e}",
+                    f"{r['forward_ms']:.3g}",
+                    _maybe(r["forward_ratio"], ".2f"),
+                    f"{r['forward_over_floor']:.2f}",
+                    f"{r['forward_backward_ms']:.3g}",
+                    _maybe(r["forward_backward_ratio"], ".2f"),
+                    f"{r['grad_norm']:.2f}",
+                ]
+                for r in part
+            ],
+        )
+        if len(groups) > 1 or problem != "P1":
+            first = part[0]
+            size = f"B, N, D = {first.get('B')}, {first.get('N')}, {first.get('D')}"
+            table = f"{problem}, {dtype} ({size}):\n\n" + table
+        tables.append(table)
+    return "\n\n".join(tables)
+
+
+def _maybe(x, spec) -> str:
+    return "" if x is None else format(x, spec)
 
 
 def layers(payload) -> str:
@@ -250,9 +272,43 @@ def kernel(payload) -> str:
     )
 
 
+def training(payload) -> str:
+    seeds = ", ".join(map(str, payload.get("seeds", [])))
+    return _table(
+        [
+            "case",
+            f"test accuracy (mean; min-max over seeds {seeds})",
+            "step ms",
+            "x explicit step",
+            "train s",
+            "solver steps (train / test)",
+            "converged (test)",
+            "step memory MB",
+        ],
+        [
+            [
+                r["case"].strip(),
+                f"{r['accuracy_mean']:.2%} ({r['accuracy_min']:.2%}-{r['accuracy_max']:.2%})",
+                f"{r['step_ms']:.3g}",
+                f"{r['step_ratio_to_explicit']:.2f}",
+                f"{r['train_s']:.3g}",
+                ""
+                if r["model_config"].get("model") == "explicit"
+                else f"{r['train_solver_steps']:.1f} / {r['test_solver_steps']:.1f}",
+                ""
+                if r["model_config"].get("model") == "explicit"
+                else f"{r['test_converged']:.1%}",
+                "" if r["step_temp_mb"] is None else f"{r['step_temp_mb']:.1f}",
+            ]
+            for r in payload["rows"]
+        ],
+    )
+
+
 SECTIONS = {
     "core": core,
     "kernel": kernel,
+    "training": training,
     "memory": memory,
     "deq": deq,
     "layers": layers,

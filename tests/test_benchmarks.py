@@ -46,9 +46,14 @@ def test_quick_benchmarks_run(tmp_path):
     assert all(r["rel_error"] < 1e-5 for r in kernel["rows"])  # interpreted, float32, vs XLA
     deq = json.loads(next(tmp_path.glob("deq-quick*.json")).read_text())
     # every exact method agrees with the baseline's gradient
+    assert {r["problem"] for r in deq["rows"]} == {"P1", "P2"}
     for row in deq["rows"]:
+        assert not row.get("error"), row
         if "JacobianFree" not in row["method"]:
             assert row["grad_norm_rel_diff"] < 1e-3, row
+    training = json.loads(next(tmp_path.glob("training-quick*.json")).read_text())
+    assert [r["case"] for r in training["rows"]][0] == "explicit (baseline)"
+    assert all(0 <= r["accuracy_mean"] <= 1 and r["step_ms"] > 0 for r in training["rows"])
     memory = json.loads(next(tmp_path.glob("memory-quick*.json")).read_text())
     implicit = [r["temp_mb"] for r in memory["rows"] if r.get("case") == "implicit"]
     unrolled = [r["temp_mb"] for r in memory["rows"] if r.get("case") == "unrolled"]

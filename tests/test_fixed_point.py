@@ -122,6 +122,26 @@ def _tanh_layer(z, args):
     return jnp.tanh(z @ w + x)
 
 
+def test_shared_inverse_reuses_the_broyden_estimate():
+    # SHINE: the forward Broyden's inverse estimate gives the backward solve for free; a few
+    # refining steps make it match the implicit gradient. Reference: implicit, tight Picard.
+    args = _problem()
+    broyden = eqattn.Broyden(**TIGHT)
+    exact = jax.grad(_loss)(args, broyden, eqattn.ImplicitAdjoint(eqattn.Picard(**TIGHT)))
+
+    def error(adjoint):
+        g = jax.grad(_loss)(args, broyden, adjoint)
+        return max(float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in zip(g, exact))
+
+    free, refined = error(eqattn.SharedInverse()), error(eqattn.SharedInverse(refine=3))
+    assert refined < 1e-4 < free < error(eqattn.JacobianFree())
+    assert free < 0.2
+    with pytest.raises(ValueError, match="must be eqattn.Broyden"):
+        _loss(args, eqattn.Anderson(), eqattn.SharedInverse())
+    with pytest.raises(ValueError, match="refine"):
+        eqattn.SharedInverse(refine=-1)
+
+
 @pytest.mark.parametrize(
     "adjoint",
     [eqattn.Phantom(steps=40), eqattn.JacobianFree(), eqattn.Unrolled()],

@@ -1,0 +1,182 @@
+"""`training`: what DEQ training costs against the explicit baseline, lever by lever, and what each
+lever does to accuracy: `eqattn train` on the scikit-learn digits (8 row tokens per image).
+
+Cases: the explicit baseline (4 blocks, width matched to the DEQ's parameters); the DEQ with the
+previous defaults (Anderson to rtol 1e-3, implicit backward by Anderson); then, one change at a
+time, a looser tolerance (rtol 1e-2), the Picard forward solver, a Neumann-series backward (the
+implicit adjoint's linear solve by 5 Picard steps); then each other lever on top of that:
+a smaller step budget while training, warm starts (each example's solve starts from its previous
+fixed point), a Jacobian penalty, the phantom and Jacobian-free gradients, and Broyden with the
+shared-inverse (SHINE) backward.
+
+1. Step time: one jitted training step per case (a batch of 64 images, dropout on, fresh
+   parameters), all timed round-robin; a case's time over the explicit step's is its training-time
+   ratio (every case takes the same number of optimizer steps).
+2. Full runs: `eqattn.cli.train` per case and seed (the command's defaults otherwise: 40 epochs):
+   test accuracy (mean, min and max over the seeds), training time, mean solver steps while
+   training and at test, the fraction of test examples converged, the compiled step's temporary
+   memory.
+
+`--quick`: four cases, one seed, 64 training images, one epoch, two rounds: it exercises the
+code only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqattn import data
+from eqattn.cli._models import ModelConfig, build_model
+from eqattn.cli._train import TrainConfig, make_train_step, optimizer_of, train
+
+from ._harness import print_table, time_interleaved
+
+_EXPLICIT = dict(model="explicit")
+_PREVIOUS = dict(
+    solver="anderson", rtol=1e-3, max_steps=30, adjoint="implicit", backward_solver="anderson"
+)
+_NEUMANN = dict(_PREVIOUS, solver="picard", rtol=1e-2, backward_solver="picard", backward_steps=5)
+
+# (name, ModelConfig fields, TrainConfig fields)
+CASES = [
+    ("explicit (baseline)", _EXPLICIT, {}),
+    ("DEQ, previous defaults", _PREVIOUS, {}),
+    ("+ rtol 1e-2", dict(_PREVIOUS, rtol=1e-2), {}),
+    ("+ Picard forward", dict(_PREVIOUS, rtol=1e-2, solver="picard"), {}),
+    ("+ Neumann backward (5 steps)", _NEUMANN, {}),
+    ("  + train budget 10 steps", _NEUMANN, dict(train_steps=10)),
+    ("  + warm start", _NEUMANN, dict(warm_start=True)),
+    ("  + Jacobian penalty 0.5", _NEUMANN, dict(jacobian_weight=0.5)),
+    ("  phantom gradient instead", dict(_NEUMANN, adjoint="phantom"), {}),
+    ("  Jacobian-free instead", dict(_NEUMANN, adjoint="jacobian-free"), {}),
+    (
+        "Broyden + shared inverse (SHINE)",
+        dict(_PREVIOUS, solver="broyden", rtol=1e-2, adjoint="shared-inverse"),
+        {},
+    ),
+]
+
+
+# `--quick`: the cases that exercise distinct code (explicit, DEQ, warm start, the penalty).
+_QUICK = (
+    "explicit (baseline)",
+    "DEQ, previous defaults",
+    "  + warm start",
+    "  + Jacobian penalty 0.5",
+)
+
+
+def _configs(quick: bool):
+    extra = dict(train_size=64, epochs=1) if quick else {}
+    return [
+        (name, ModelConfig(**model), TrainConfig(**train_fields, **extra))
+        for name, model, train_fields in CASES
+        if not quick or name in _QUICK
+    ]
+
+
+def _step_case(model_config: ModelConfig, config: TrainConfig, x, y):
+    """(step, its arguments) for one training step on `x, y` with fresh parameters."""
+    model_config = dataclasses.replace(model_config, num_tokens=x.shape[1], in_features=x.shape[2])
+    model = build_model(model_config, jax.random.key(0))
+    optimizer = optimizer_of(config, 1000)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    step = make_train_step(model_config, config, optimizer)
+    params, static = eqx.partition(model, eqx.is_array)
+    z0 = None
+    if model_config.model == "deq" and config.warm_start:
+        z0 = jnp.zeros((x.shape[0], x.shape[1], model_config.dim), x.dtype)
+
+    def run(params, opt_state, x, y, key, z0):
+        model, opt_state, loss, stats, z = step(
+            eqx.combine(params, static), opt_state, x, y, key, z0
+        )
+        return eqx.filter(model, eqx.is_array), opt_state, loss, stats, z
+
+    return run, (params, opt_state, x, y, jax.random.key(1), z0)
+
+
+def _step_times(configs, repeats):
+    digits = data.load_digits()
+    x = jnp.asarray(data.tokenize(digits.train_images[:64], "rows"))
+    y = jnp.asarray(digits.train_labels[:64])
+    cases = {}
+    for name, model_config, config in configs:
+        run, args = _step_case(model_config, config, x, y)
+        cases[name] = (run, *args)
+    timings = time_interleaved(cases, repeats=repeats)
+    base = timings[configs[0][0]]["median_s"]
+    return {name: (t["median_s"], t["median_s"] / base) for name, t in timings.items()}
+
+
+def run(quick: bool = False) -> tuple[list[dict], dict]:
+    configs = _configs(quick)
+    seeds = (0,) if quick else (0, 1, 2)
+    steps = _step_times(configs, repeats=2 if quick else 20)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, model_config, config) in enumerate(configs):
+            runs = []
+            for seed in seeds:
+                m = train(
+                    model_config,
+                    dataclasses.replace(config, seed=seed),
+                    f"{tmp}/{i}-{seed}",
+                    progress=False,
+                )
+                runs.append(m)
+            accs = [m["test_accuracy"] for m in runs]
+            step_s, ratio = steps[name]
+            rows.append(
+                {
+                    "case": name,
+                    "model_config": {
+                        k: v
+                        for k, v in dataclasses.asdict(model_config).items()
+                        if k not in ("num_tokens", "in_features")
+                    },
+                    "train_config": dataclasses.asdict(config),
+                    "step_ms": 1e3 * step_s,
+                    "step_ratio_to_explicit": ratio,
+                    "accuracy_mean": statistics.mean(accs),
+                    "accuracy_min": min(accs),
+                    "accuracy_max": max(accs),
+                    "accuracies": accs,
+                    "seeds": list(seeds),
+                    "train_s": statistics.median(m["train_time_s"] for m in runs),
+                    "train_solver_steps": float(
+                        np.mean([m["history"][-1]["solver_steps"] for m in runs])
+                    ),
+                    "test_solver_steps": float(
+                        np.mean([m["test_mean_solver_steps"] for m in runs])
+                    ),
+                    "test_converged": float(np.mean([m["test_converged"] for m in runs])),
+                    "step_temp_mb": runs[0]["step_temp_memory_mb"],
+                    "params": runs[0]["params"],
+                }
+            )
+            print(f"{name}: accuracy {accs}, step {1e3 * step_s:.2f} ms ({ratio:.2f}x)")
+    print_table(
+        rows,
+        [
+            ("case", "case", "s"),
+            ("accuracy_mean", "test acc.", ".2%"),
+            ("accuracy_min", "min", ".2%"),
+            ("accuracy_max", "max", ".2%"),
+            ("step_ms", "step ms", ".2f"),
+            ("step_ratio_to_explicit", "x explicit", ".2f"),
+            ("train_s", "train s", ".1f"),
+            ("train_solver_steps", "steps (train)", ".1f"),
+            ("test_solver_steps", "steps (test)", ".1f"),
+            ("test_converged", "converged", ".0%"),
+            ("step_temp_mb", "step MB", ".1f"),
+        ],
+    )
+    return rows, {"seeds": list(seeds), "batch": 64, "data": "scikit-learn digits, 8 row tokens"}
