@@ -53,6 +53,7 @@ CASES = [
     ("+ Neumann backward (5 steps)", _NEUMANN, {}),
     ("  + train budget 10 steps", _NEUMANN, dict(train_steps=10)),
     ("  + warm start", _NEUMANN, dict(warm_start=True)),
+    ("  + warm start and train budget 10", _NEUMANN, dict(warm_start=True, train_steps=10)),
     ("  + Jacobian penalty 0.5", _NEUMANN, dict(jacobian_weight=0.5)),
     ("  phantom gradient instead", dict(_NEUMANN, adjoint="phantom"), {}),
     ("  Jacobian-free instead", dict(_NEUMANN, adjoint="jacobian-free"), {}),
