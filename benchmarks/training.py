@@ -9,9 +9,10 @@ a smaller step budget while training, warm starts (each example's solve starts f
 fixed point), a Jacobian penalty, the phantom and Jacobian-free gradients, and Broyden with the
 shared-inverse (SHINE) backward.
 
-1. Step time: one jitted training step per case (a batch of 64 images, dropout on, fresh
-   parameters), all timed round-robin; a case's time over the explicit step's is its training-time
-   ratio (every case takes the same number of optimizer steps).
+1. First-step time: one jitted training step per case (a batch of 64 images, dropout on, fresh
+   parameters), all timed round-robin with the explicit step. At initialization the DEQ's map
+   contracts best, so its solves are shorter than later in training: the full runs' training
+   times are the cost to compare.
 2. Full runs: `eqattn.cli.train` per case and seed (the command's defaults otherwise: 40 epochs):
    test accuracy (mean, min and max over the seeds), training time, mean solver steps while
    training and at test, the fraction of test examples converged, the compiled step's temporary

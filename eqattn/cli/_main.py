@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
         "--backward-steps",
         type=int,
         default=m.backward_steps,
-        help="implicit adjoint: its step limit (default: --max-steps)",
+        help="implicit adjoint: the backward solve's step limit",
     )
     tr.add_argument("--epochs", type=int, default=t.epochs)
     tr.add_argument("--batch-size", type=int, default=t.batch_size)
@@ -159,7 +159,7 @@ def _cmd_train(a) -> None:
     metrics = train(model_config, config, a.out, progress=False if a.no_progress else None)
     steps = (
         f" | solver steps {metrics['test_mean_solver_steps']:.1f} (mean), "
-        f"{metrics['test_converged']:.0%} converged"
+        f"{metrics['test_converged']:.1%} converged"
         if model_config.model == "deq"
         else ""
     )

@@ -199,7 +199,7 @@ def train(
     def write_metrics(status: str, epoch: int) -> dict[str, Any]:
         """Evaluate on the test set, then save the checkpoint and metrics.json."""
         preds, steps, residual, converged = evaluate(model, test_x, None)
-        acc = float(jnp.mean(preds == digits.test_labels))
+        acc = float(np.mean(np.asarray(preds) == digits.test_labels))  # as `evaluate` does
         metrics.update(
             status=status,
             epochs_done=epoch,
