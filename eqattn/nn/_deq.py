@@ -168,14 +168,13 @@ class DEQBlock(AbstractEquilibriumLayer):
         inference: bool = False,
         samples: int = 1,
     ) -> Float[Array, ""]:
-        r"""$\lVert \partial f/\partial z
-        Vert_F^2 / (n \cdot \mathrm{dim})$ at `z` (a Hutchinson
-                estimate from `samples` probes drawn with `probe_key`) for the map that
-                [`equilibrium`][eqattn.nn.DEQBlock.equilibrium] solves with the same `x`, `mask`, `key`
-                and `inference` (hence the same dropout masks). Added to a training loss (times a small
-                weight) it keeps the fixed point well conditioned, so the solver needs fewer steps
-                (S. Bai, V. Koltun, J. Z. Kolter, "Stabilizing Equilibrium Models by Jacobian
-                Regularization", 2021). Differentiable with respect to the block's parameters."""
+        r"""$\lVert \partial f/\partial z\rVert_F^2 / (n \cdot \mathrm{dim})$ at `z` (a Hutchinson
+        estimate from `samples` probes drawn with `probe_key`) for the map that
+        [`equilibrium`][eqattn.nn.DEQBlock.equilibrium] solves with the same `x`, `mask`, `key`
+        and `inference` (hence the same dropout masks). Added to a training loss (times a small
+        weight) it keeps the fixed point well conditioned, so the solver needs fewer steps
+        (S. Bai, V. Koltun, J. Z. Kolter, "Stabilizing Equilibrium Models by Jacobian
+        Regularization", 2021). Differentiable with respect to the block's parameters."""
         n = x.shape[0]
         mask = check_mask(mask, n, n)
         injection = self.injection(x)
