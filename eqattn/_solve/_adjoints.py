@@ -86,10 +86,15 @@ class ImplicitAdjoint(AbstractAdjoint):
         return u, ok & jnp.all(jnp.isfinite(u))
 
 
-@eqx.filter_custom_vjp
-def _implicit(params, solver, adjoint, fn, x0, budget):
+def _solve(params, solver, fn, x0, budget):
+    """The forward solve of the custom-VJP adjoints: the best iterate, and the statistics."""
     it = iterate(solver, lambda x: fn(x, params), x0, budget)
     return it.best_x, lax.stop_gradient(it)
+
+
+@eqx.filter_custom_vjp
+def _implicit(params, solver, adjoint, fn, x0, budget):
+    return _solve(params, solver, fn, x0, budget)
 
 
 @_implicit.def_fwd
@@ -149,8 +154,7 @@ class SharedInverse(AbstractAdjoint):
 
 @eqx.filter_custom_vjp
 def _shared(params, solver, adjoint, fn, x0, budget):
-    it = iterate(solver, lambda x: fn(x, params), x0, budget)
-    return it.best_x, lax.stop_gradient(it)
+    return _solve(params, solver, fn, x0, budget)
 
 
 @_shared.def_fwd
