@@ -21,6 +21,7 @@ from ._measures import (
 from ._renorm import renormalize as renormalize, standardize_tokens as standardize_tokens
 from ._solve import (
     GMRES as GMRES,
+    RESULTS as RESULTS,
     AbstractAdjoint as AbstractAdjoint,
     AbstractFixedPointSolver as AbstractFixedPointSolver,
     AbstractKrylov as AbstractKrylov,
@@ -28,8 +29,11 @@ from ._solve import (
     BiCGStab as BiCGStab,
     Broyden as Broyden,
     Equilibrium as Equilibrium,
+    Forward as Forward,
     ImplicitAdjoint as ImplicitAdjoint,
     JacobianFree as JacobianFree,
+    JaxoptImplicit as JaxoptImplicit,
+    JaxoptSolver as JaxoptSolver,
     NormalCG as NormalCG,
     Phantom as Phantom,
     Picard as Picard,

@@ -45,12 +45,13 @@ def test_quick_benchmarks_run(tmp_path):
     kernel = json.loads(next(tmp_path.glob("kernel-quick*.json")).read_text())
     assert all(r["rel_error"] < 1e-5 for r in kernel["rows"])  # interpreted, float32, vs XLA
     deq = json.loads(next(tmp_path.glob("deq-quick*.json")).read_text())
-    # every exact method agrees with the baseline's gradient
+    # every exact method agrees with the baseline's gradient: forward and backward are solved to
+    # rtol 1e-4 (the baseline's backward to 1e-5), so to about rtol / (1 - contraction)
     assert {r["problem"] for r in deq["rows"]} == {"P1", "P2"}
     for row in deq["rows"]:
         assert not row.get("error"), row
         if "JacobianFree" not in row["method"]:
-            assert row["grad_norm_rel_diff"] < 1e-3, row
+            assert row["grad_norm_rel_diff"] < 5e-3, row
     training = json.loads(next(tmp_path.glob("training-quick*.json")).read_text())
     assert [r["case"] for r in training["rows"]][0] == "explicit (baseline)"
     assert all(0 <= r["accuracy_mean"] <= 1 and r["step_ms"] > 0 for r in training["rows"])

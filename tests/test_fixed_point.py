@@ -23,8 +23,10 @@ def _f(z, args):
     return 0.3 * eqattn.attention(z @ wq, z @ wk, z @ wv) + 0.5 * x
 
 
-def _loss(args, solver, adjoint):
-    eq = eqattn.fixed_point(_f, jnp.zeros((N, D)), args, solver=solver, adjoint=adjoint)
+def _loss(args, solver, adjoint, throw=False):
+    eq = eqattn.fixed_point(
+        _f, jnp.zeros((N, D)), args, solver=solver, adjoint=adjoint, throw=throw
+    )
     return jnp.sum(jnp.sin(eq.value))
 
 
@@ -298,20 +300,30 @@ def test_nan_stops_the_solve():
 
 
 def test_backward_solve_failure_is_reported():
+    """One `throw`: fixed_point's governs the backward solve unless the adjoint has its own."""
     args = _problem()
     bad = eqattn.ImplicitAdjoint(linear_solver=eqattn.Picard(max_steps=2, **TIGHT))
-    grad = eqx.filter_jit(jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), bad)))
+    forward = eqattn.Anderson(**TIGHT)
+    grad = eqx.filter_jit(jax.grad(lambda a: _loss(a, forward, bad, throw=True)))
     with pytest.raises(eqx.EquinoxRuntimeError, match="backward solve"):
         jax.block_until_ready(grad(args))
+    own = eqattn.ImplicitAdjoint(linear_solver=eqattn.Picard(max_steps=2, **TIGHT), throw=True)
+    grad = eqx.filter_jit(jax.grad(lambda a: _loss(a, forward, own, throw=False)))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="backward solve"):
+        jax.block_until_ready(grad(args))
+    # throw=False (the default) everywhere: the best-effort gradient, no error
+    g = jax.grad(lambda a: _loss(a, forward, bad))(args)
+    assert all(np.all(np.isfinite(x)) for x in g)
     lenient = eqattn.ImplicitAdjoint(linear_solver=eqattn.Picard(max_steps=2, **TIGHT), throw=False)
-    g = jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), lenient))(args)
+    g = jax.grad(lambda a: _loss(a, forward, lenient, throw=True))(args)
     assert all(np.all(np.isfinite(x)) for x in g)
     for krylov in (
         eqattn.GMRES(max_steps=1, restart=1, **TIGHT),
         eqattn.BiCGStab(max_steps=1, **TIGHT),
+        eqattn.NormalCG(max_steps=1, **TIGHT),
     ):
         adjoint = eqattn.ImplicitAdjoint(linear_solver=krylov)
-        grad = eqx.filter_jit(jax.grad(lambda a: _loss(a, eqattn.Anderson(**TIGHT), adjoint)))
+        grad = eqx.filter_jit(jax.grad(lambda a: _loss(a, forward, adjoint, throw=True)))
         with pytest.raises(eqx.EquinoxRuntimeError, match="backward solve"):
             jax.block_until_ready(grad(args))
 

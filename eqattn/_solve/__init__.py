@@ -2,11 +2,13 @@ from ._adjoints import (
     AbstractAdjoint as AbstractAdjoint,
     ImplicitAdjoint as ImplicitAdjoint,
     JacobianFree as JacobianFree,
+    JaxoptImplicit as JaxoptImplicit,
     Phantom as Phantom,
     SharedInverse as SharedInverse,
     Unrolled as Unrolled,
 )
-from ._equilibrium import Equilibrium as Equilibrium
+from ._backends import Forward as Forward, JaxoptSolver as JaxoptSolver
+from ._equilibrium import RESULTS as RESULTS, Equilibrium as Equilibrium
 from ._fixed_point import fixed_point as fixed_point
 from ._jacobian import jacobian_frobenius as jacobian_frobenius, spectral_radius as spectral_radius
 from ._linear import (

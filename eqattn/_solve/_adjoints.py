@@ -12,9 +12,33 @@ r"""How gradients go through a fixed point $z^* = f(z^*, \theta)$.
 - `Unrolled`: backprop through every forward step: the reference, with memory growing with the
   number of steps.
 
-Which transformations each supports: all four support `grad`/`vjp` and `vmap`; `Phantom`,
-`JacobianFree` and `Unrolled` also support forward mode (`jvp`) when $f$ does; `ImplicitAdjoint` is
-reverse mode only (a custom VJP).
+Which transformations each supports: all support `grad`/`vjp` and `vmap`; `Phantom`,
+`JacobianFree` and `Unrolled` also support forward mode (`jvp`) when $f$ does; `ImplicitAdjoint`
+and `SharedInverse` are reverse mode only (custom VJPs). (Optimistix's `ImplicitAdjoint` is
+forward mode, transposed; eqattn's is a reverse-mode custom VJP. Optimistix solvers passed to
+`fixed_point` are differentiated by eqattn's adjoints.)
+
+**Through an unconverged forward** (`throw=False`), every adjoint differentiates the iterate it
+returned as if it were the fixed point: `ImplicitAdjoint` and `SharedInverse` apply the implicit
+function theorem at that point, `Phantom`/`JacobianFree` take their steps from it, and `Unrolled`
+differentiates the steps actually taken. None of these is the derivative of a fixed point, so
+check `Equilibrium.converged` (or pass `throw=True`) before trusting such a gradient.
+
+**Writing an adjoint.** Subclass `AbstractAdjoint` and implement
+`run(fn, params, x0, *, solve, throw) -> Equilibrium`:
+
+- `fn(x, params)`: $f$ on a flat vector $x$ (the state raveled); `params` is a pytree whose
+  inexact arrays are what gradients flow to (the user's `args` and the arrays $f$ closes over).
+- `x0`: the flat start (no gradient flows to it).
+- `solve`: an `eqattn.Forward`; `solve(g, x0)` runs the user's solver on $x = g(x)$ within the
+  step budget and returns an [`eqattn.Equilibrium`][] with the flat solution as `value`. It is not
+  meant to be differentiated: call it on `lambda x: fn(x, jax.lax.stop_gradient(params))` or
+  inside a `jax.custom_vjp`. `solve.solver` is the solver (for its tolerances).
+- `throw`: `fixed_point`'s `throw`, for any check the adjoint makes of its own (e.g. a backward
+  solve) when it has no setting of its own.
+
+Return the `Equilibrium` with `value` replaced by a flat solution carrying the derivative the
+adjoint defines; `fixed_point` unravels it and applies `throw` to the forward.
 """
 
 from __future__ import annotations
@@ -26,27 +50,57 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._backends import Forward, JaxoptSolver, _static_steps, _summary, tolerances
+from ._equilibrium import RESULTS, Equilibrium
 from ._linear import AbstractKrylov
 from ._solvers import (
     AbstractFixedPointSolver,
     Anderson,
     Broyden,
-    Iteration,
+    equilibrium,
     iterate,
     iterate_unrolled,
 )
 
 
 class AbstractAdjoint(eqx.Module):
-    """How `eqattn.fixed_point` is differentiated."""
+    """How [`eqattn.fixed_point`][] is differentiated (see this module's docstring for the
+    protocol of `run`)."""
 
     @abc.abstractmethod
-    def run(self, solver, fn, params, x0, budget) -> tuple[jax.Array, Iteration]:
-        """Solve `x = fn(x, params)` from `x0`; return the (differentiable) solution and stats."""
+    def run(self, fn, params, x0, *, solve: Forward, throw: bool) -> Equilibrium:
+        """Solve `x = fn(x, params)` from the flat `x0` with `solve`; return the `Equilibrium`
+        whose flat `value` carries this adjoint's derivative."""
+
+
+def _with_value(eq: Equilibrium, value) -> Equilibrium:
+    return Equilibrium(
+        value=value,
+        steps=eq.steps,
+        residual=eq.residual,
+        relative_residual=eq.relative_residual,
+        converged=eq.converged,
+        result=eq.result,
+    )
 
 
 def _stop(params):
     return jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, params)
+
+
+def _norm(x):
+    return jnp.sqrt(jnp.sum(x * x))
+
+
+def default_linear_solver(solve: Forward) -> AbstractFixedPointSolver:
+    """The backward solve that matches the forward: eqattn's solver itself (its method, `rtol`,
+    `atol` and `max_steps`), or for other backends `Anderson` with their tolerances."""
+    if isinstance(solve.solver, AbstractFixedPointSolver):
+        return solve.solver
+    rtol, atol, steps = tolerances(solve.solver, solve.budget)
+    if rtol + atol == 0:
+        return Anderson(max_steps=steps)
+    return Anderson(rtol=rtol, atol=atol, max_steps=steps)
 
 
 class ImplicitAdjoint(AbstractAdjoint):
@@ -54,71 +108,81 @@ class ImplicitAdjoint(AbstractAdjoint):
 
     **Arguments:**
 
-    - `linear_solver`: a fixed-point solver applied to $u \mapsto g + J^\top u$ (default
-      `Anderson(rtol=1e-5, atol=0, max_steps=100)`; `Picard()` is the Neumann series;
-      `Broyden()`), or a Krylov method on $(I - J^\top)u = g$: `GMRES()`, `BiCGStab()`,
-      `NormalCG()`. Its `rtol`, `atol` and `max_steps` are the backward solve's; tighten `rtol`
-      for float64 work that needs more than ~5 correct digits.
+    - `linear_solver`: `None` (default): the forward's own solver with its `rtol` and
+      `max_steps` (for a jaxopt or Optimistix forward, [`eqattn.Anderson`][] with their
+      tolerances), so the gradient is as accurate as the solve; the forward's `atol`, an absolute
+      floor in the units of $z$, is carried over relative to the solution's size,
+      $\mathrm{atol}\,\lVert g\rVert / \max(\lVert f(z^*)\rVert, \mathrm{atol})$, so the
+      scale of the loss does not change how accurately the backward is solved. Or a fixed-point
+      solver applied to $u \mapsto g + J^\top u$ (`Picard()` is the Neumann series), or a Krylov
+      method on $(I - J^\top)u = g$: [`eqattn.GMRES`][], [`eqattn.BiCGStab`][],
+      [`eqattn.NormalCG`][] (Lineax's); a solver given here is used with its own tolerances.
     - `throw`: if the backward solve does not reach its tolerance, raise a runtime error (also
-      inside `jit`). With `throw=False` the best-effort gradient is returned as is.
+      inside `jit`). `None` (default): `fixed_point`'s (or the layer's) `throw`; with `False`
+      the best-effort gradient is returned as is.
     """
 
-    linear_solver: AbstractFixedPointSolver | AbstractKrylov = eqx.field(
-        default_factory=lambda: Anderson(rtol=1e-5, atol=0.0, max_steps=100)
-    )
-    throw: bool = eqx.field(static=True, default=True)
+    linear_solver: AbstractFixedPointSolver | AbstractKrylov | None = None
+    throw: bool | None = eqx.field(static=True, default=None)
 
-    def run(self, solver, fn, params, x0, budget):
-        return _implicit(params, solver, self, fn, x0, budget)
+    def __check_init__(self):
+        if self.linear_solver is not None and not isinstance(
+            self.linear_solver, AbstractFixedPointSolver | AbstractKrylov
+        ):
+            raise ValueError(
+                "ImplicitAdjoint: `linear_solver` must be one of eqattn's fixed-point solvers or "
+                f"Krylov methods (GMRES, BiCGStab, NormalCG); got {self.linear_solver!r}."
+            )
 
-    def solve_adjoint(self, jt, g):
-        r"""Solve $u = g + J^\top u$ given $v \mapsto J^\top v$; return $u$ and whether it met the
-        tolerance."""
-        ls = self.linear_solver
-        if isinstance(ls, AbstractFixedPointSolver):
-            it = iterate(ls, lambda u: g + jt(u), g, ls.max_steps)
-            u = it.best_x
-            ok = it.best_residual <= ls.atol + ls.rtol * it.best_scale
-        else:
-            u = ls.solve(lambda u: u - jt(u), g)
-            r = jnp.linalg.norm(u - jt(u) - g)
-            ok = r <= ls.atol + ls.rtol * jnp.linalg.norm(g)
-        return u, ok & jnp.all(jnp.isfinite(u))
+    def run(self, fn, params, x0, *, solve, throw):
+        default = self.linear_solver is None
+        linear = default_linear_solver(solve) if default else self.linear_solver
+        throw = throw if self.throw is None else self.throw
+        return _implicit(params, solve, linear, throw, default, fn, x0)
 
 
-def _solve(params, solver, fn, x0, budget):
-    """The forward solve of the custom-VJP adjoints: the best iterate, and the statistics."""
-    it = iterate(solver, lambda x: fn(x, params), x0, budget)
-    return it.best_x, lax.stop_gradient(it)
+def solve_adjoint(linear, jt, g):
+    r"""Solve $u = g + J^\top u$ given $v \mapsto J^\top v$; return $u$ and whether it met the
+    solver's tolerance."""
+    if isinstance(linear, AbstractFixedPointSolver):
+        eq = equilibrium(linear, iterate(linear, lambda u: g + jt(u), g, linear.max_steps))
+        return eq.value, eq.converged
+    u = linear.solve(lambda u: u - jt(u), g)
+    r = _norm(u - jt(u) - g)
+    ok = r <= linear.atol + linear.rtol * _norm(g)
+    return u, ok & jnp.all(jnp.isfinite(u))
 
 
 @eqx.filter_custom_vjp
-def _implicit(params, solver, adjoint, fn, x0, budget):
-    return _solve(params, solver, fn, x0, budget)
+def _implicit(params, solve, linear, throw, relative_atol, fn, x0):
+    return lax.stop_gradient(solve(lambda x: fn(x, params), x0))
 
 
 @_implicit.def_fwd
-def _implicit_fwd(perturbed, params, solver, adjoint, fn, x0, budget):
-    x_star, it = _implicit(params, solver, adjoint, fn, x0, budget)
-    return (x_star, it), x_star
+def _implicit_fwd(perturbed, params, solve, linear, throw, relative_atol, fn, x0):
+    eq = _implicit(params, solve, linear, throw, relative_atol, fn, x0)
+    return eq, eq.value
 
 
 @_implicit.def_bwd
-def _implicit_bwd(x_star, grad_obj, perturbed, params, solver, adjoint, fn, x0, budget):
-    g = grad_obj[0]
+def _implicit_bwd(x_star, grad_obj, perturbed, params, solve, linear, throw, relative_atol, fn, x0):
+    g = grad_obj.value
     if g is None:
         return jax.tree.map(lambda _: None, params)
-    _, jt = jax.vjp(lambda x: fn(x, params), x_star)
-    u, ok = adjoint.solve_adjoint(lambda v: jt(v)[0], g)
+    fx, jt = jax.vjp(lambda x: fn(x, params), x_star)
+    if relative_atol:
+        floor = linear.atol * _norm(g) / jnp.maximum(_norm(fx), linear.atol)
+        linear = eqx.tree_at(lambda s: s.atol, linear, floor.astype(g.dtype))
+    u, ok = solve_adjoint(linear, lambda v: jt(v)[0], g)
     _, vjp_params = eqx.filter_vjp(lambda p: fn(x_star, p), params)
     (grads,) = vjp_params(u)
-    if adjoint.throw:
+    if throw:
         grads = eqx.error_if(
             grads,
             ~ok,
             "eqattn.fixed_point: the implicit backward solve u = g + J^T u did not reach its "
-            "tolerance (increase ImplicitAdjoint(linear_solver=...).max_steps, try another "
-            "linear_solver, or pass throw=False to accept the best-effort gradient).",
+            "tolerance (give ImplicitAdjoint a linear_solver with more max_steps or another "
+            "method, or pass throw=False to accept the best-effort gradient).",
         )
     return grads
 
@@ -132,7 +196,8 @@ class SharedInverse(AbstractAdjoint):
     fixed point, so $u = (I - J^\top)^{-1} g \approx -B^\top g$ costs no vector-Jacobian product;
     `refine` steps of $u \leftarrow g + J^\top u$ from there correct it (each costs one). Then one
     vector-Jacobian product with respect to the parameters, as in `ImplicitAdjoint`. An
-    approximation: exact in the directions the forward steps explored.
+    approximation: exact in the directions the forward steps explored; it makes no check of its
+    own, so `throw` concerns the forward only.
 
     **Arguments:** `refine` ($\ge 0$).
     """
@@ -143,33 +208,38 @@ class SharedInverse(AbstractAdjoint):
         if self.refine < 0:
             raise ValueError(f"SharedInverse: `refine` must be >= 0; got {self.refine}.")
 
-    def run(self, solver, fn, params, x0, budget):
-        if not isinstance(solver, Broyden):
+    def run(self, fn, params, x0, *, solve, throw):
+        if not isinstance(solve.solver, Broyden):
             raise ValueError(
                 "SharedInverse reuses a quasi-Newton inverse estimate: the solver must be "
-                f"eqattn.Broyden; got {type(solver).__name__}."
+                f"eqattn.Broyden; got {type(solve.solver).__name__}."
             )
-        return _shared(params, solver, self, fn, x0, budget)
+        return _shared(params, solve, self, fn, x0)
+
+
+def _broyden(params, solve, fn, x0):
+    it = iterate(solve.solver, lambda x: fn(x, params), x0, solve.budget)
+    return lax.stop_gradient((equilibrium(solve.solver, it), it.state))
 
 
 @eqx.filter_custom_vjp
-def _shared(params, solver, adjoint, fn, x0, budget):
-    return _solve(params, solver, fn, x0, budget)
+def _shared(params, solve, adjoint, fn, x0):
+    return _broyden(params, solve, fn, x0)[0]
 
 
 @_shared.def_fwd
-def _shared_fwd(perturbed, params, solver, adjoint, fn, x0, budget):
-    x_star, it = _shared(params, solver, adjoint, fn, x0, budget)
-    return (x_star, it), (x_star, it.state)
+def _shared_fwd(perturbed, params, solve, adjoint, fn, x0):
+    eq, state = _broyden(params, solve, fn, x0)
+    return eq, (eq.value, state)
 
 
 @_shared.def_bwd
-def _shared_bwd(residuals, grad_obj, perturbed, params, solver, adjoint, fn, x0, budget):
+def _shared_bwd(residuals, grad_obj, perturbed, params, solve, adjoint, fn, x0):
     x_star, state = residuals
-    g = grad_obj[0]
+    g = grad_obj.value
     if g is None:
         return jax.tree.map(lambda _: None, params)
-    u = solver.inverse_adjoint(state, g)
+    u = solve.solver.inverse_adjoint(state, g)
     if adjoint.refine:
         _, jt = jax.vjp(lambda x: fn(x, params), x_star)
         u = lax.fori_loop(0, adjoint.refine, lambda _, u: g + jt(u)[0], u)
@@ -194,30 +264,57 @@ class Phantom(AbstractAdjoint):
                 f"damping={self.damping}."
             )
 
-    def run(self, solver, fn, params, x0, budget):
+    def run(self, fn, params, x0, *, solve, throw):
         frozen = _stop(params)
-        it = iterate(solver, lambda x: fn(x, frozen), lax.stop_gradient(x0), budget)
-        x_star = lax.stop_gradient(it.best_x)
+        eq = lax.stop_gradient(solve(lambda x: fn(x, frozen), lax.stop_gradient(x0)))
+        x_star = eq.value
         z = x_star
         for _ in range(self.steps):
             z = z + self.damping * (fn(z, params) - z)
         # value z*, derivative that of the phantom steps
-        return x_star + (z - lax.stop_gradient(z)), it
+        return _with_value(eq, x_star + (z - lax.stop_gradient(z)))
 
 
 class JacobianFree(AbstractAdjoint):
     r"""Jacobian-free backprop: the gradient of one application of $f$ at $z^*$, i.e. $u = g$
     (the same as `Phantom(steps=1, damping=1)`)."""
 
-    def run(self, solver, fn, params, x0, budget):
-        return Phantom(steps=1, damping=1.0).run(solver, fn, params, x0, budget)
+    def run(self, fn, params, x0, *, solve, throw):
+        return Phantom(steps=1, damping=1.0).run(fn, params, x0, solve=solve, throw=throw)
 
 
 class Unrolled(AbstractAdjoint):
     """Backprop through every step of the forward solve (a `lax.scan` of `solver.max_steps`
     guarded steps): the reference against which the others are checked. Memory grows with
-    `max_steps`."""
+    `max_steps`. Needs one of eqattn's own solvers."""
 
-    def run(self, solver, fn, params, x0, budget):
-        it = iterate_unrolled(solver, lambda x: fn(x, params), x0, budget)
-        return it.best_x, jax.tree.map(lax.stop_gradient, it)
+    def run(self, fn, params, x0, *, solve, throw):
+        solver = solve.solver
+        if not isinstance(solver, AbstractFixedPointSolver):
+            raise ValueError(
+                "Unrolled differentiates eqattn's own solver loop; the solver must be "
+                f"eqattn.Anderson, Picard or Broyden; got {type(solver).__name__}."
+            )
+        it = iterate_unrolled(solver, lambda x: fn(x, params), x0, solve.budget)
+        return _with_value(equilibrium(solver, lax.stop_gradient(it)), it.best_x)
+
+
+class JaxoptImplicit(AbstractAdjoint):
+    """jaxopt's own implicit differentiation of a [`eqattn.JaxoptSolver`][] (`implicit_diff=True`
+    with the solver's `implicit_diff_solve`): what `fixed_point` uses for a `JaxoptSolver` unless
+    given another adjoint. jaxopt's backward solve reports no convergence, so `throw` concerns the
+    forward only."""
+
+    def run(self, fn, params, x0, *, solve, throw):
+        solver = solve.solver
+        if not isinstance(solver, JaxoptSolver):
+            raise ValueError(
+                f"JaxoptImplicit needs an eqattn.JaxoptSolver; got {type(solver).__name__}."
+            )
+        steps = _static_steps(solve.budget, solver.max_steps, "JaxoptSolver")
+        x, count = solver.run(fn, params, lax.stop_gradient(x0), maxiter=steps, implicit_diff=True)
+        frozen = _stop(params)
+        eq = _summary(
+            lambda x: fn(x, frozen), x, count, None, RESULTS.max_steps_reached, tol=solver.tol
+        )
+        return _with_value(lax.stop_gradient(eq), x)

@@ -6,20 +6,40 @@ import equinox as eqx
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
 
+class RESULTS(eqx.Enumeration):
+    """How a fixed-point solve ended (the `result` of an [`eqattn.Equilibrium`][]).
+
+    Compare with `==`, e.g. `eq.result == eqattn.RESULTS.successful` (an array; per example
+    under `vmap`).
+    """
+
+    successful = ""
+    max_steps_reached = (
+        "The residual |f(z) - z| stayed above the solver's tolerance within max_steps."
+    )
+    nonfinite = "f returned NaN or Inf (or the iterates did), and the solve stopped there."
+    failed = "The solver reported a failure other than running out of steps (e.g. divergence)."
+
+
 class Equilibrium(eqx.Module):
     r"""A fixed point $z^* = f(z^*, \mathrm{args})$ and how it was found.
 
-    All fields are arrays, so an `Equilibrium` passes through `jit`, and under `vmap` each example
-    has its own statistics.
+    All fields are arrays (or an array-valued [`eqattn.RESULTS`][] item), so an `Equilibrium`
+    passes through `jit`, and under `vmap` each example has its own statistics.
 
     **Fields:**
 
     - `value`: $z^*$, the iterate with the lowest residual (same structure as `z0`);
       differentiable according to the adjoint.
-    - `steps`: evaluations of $f$ made (including the first, at `z0`).
+    - `steps`: evaluations of $f$ made (including the first, at `z0`) by eqattn's solvers;
+      the backend's own iteration count for jaxopt and Optimistix solvers.
     - `residual`: $\lVert f(z^*) - z^*\rVert_2$ (`inf` if $f$ returned NaN/Inf at every iterate).
     - `relative_residual`: `residual` $/\,\lVert f(z^*)\rVert_2$.
-    - `converged`: whether `residual <= atol + rtol * |f(z*)|`.
+    - `converged`: whether the solver's test passed at $z^*$: `residual <= atol + rtol * |f(z*)|`
+      for eqattn's solvers and [`eqattn.JaxoptSolver`][] (`atol = tol`, `rtol = 0`); the
+      solver's own test for Optimistix solvers.
+    - `result`: an [`eqattn.RESULTS`][] item: `successful` exactly when `converged`, otherwise
+      `max_steps_reached`, `nonfinite` or `failed`.
     """
 
     value: PyTree[Array]
@@ -27,3 +47,4 @@ class Equilibrium(eqx.Module):
     residual: Float[Array, ""]
     relative_residual: Float[Array, ""]
     converged: Bool[Array, ""]
+    result: RESULTS

@@ -3,6 +3,7 @@ r"""`fixed_point`: find $z^* = f(z^*, \mathrm{args})$ and differentiate through 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -10,7 +11,8 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import ArrayLike, Int, PyTree
 
-from ._adjoints import AbstractAdjoint, ImplicitAdjoint
+from ._adjoints import AbstractAdjoint, ImplicitAdjoint, JaxoptImplicit, _with_value
+from ._backends import Forward, JaxoptSolver, check_solver
 from ._equilibrium import Equilibrium
 from ._solvers import AbstractFixedPointSolver, Anderson
 
@@ -25,7 +27,7 @@ def _check_structure(fn, z0, args):
             raise ValueError(
                 f"`z0` must be a pytree of floating-point arrays; got {_describe(z0)}."
             )
-    out = jax.eval_shape(fn, z0, args)
+    out = eqx.filter_eval_shape(fn, z0, args)  # `args` may hold any pytree (functions too)
     same = jax.tree.structure(out) == jax.tree.structure(z0) and all(
         jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b)
         for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(z0))
@@ -37,12 +39,18 @@ def _check_structure(fn, z0, args):
         )
 
 
+def default_adjoint(solver) -> AbstractAdjoint:
+    """`fixed_point`'s adjoint when none is given: jaxopt's implicit differentiation for a
+    [`eqattn.JaxoptSolver`][], else [`eqattn.ImplicitAdjoint`][]`()`."""
+    return JaxoptImplicit() if isinstance(solver, JaxoptSolver) else ImplicitAdjoint()
+
+
 def fixed_point(
     fn: Callable[[PyTree, PyTree], PyTree],
     z0: PyTree[ArrayLike],
     args: PyTree = None,
     *,
-    solver: AbstractFixedPointSolver | None = None,
+    solver: AbstractFixedPointSolver | JaxoptSolver | Any = None,
     adjoint: AbstractAdjoint | None = None,
     throw: bool = False,
     max_steps: int | Int[ArrayLike, ""] | None = None,
@@ -55,34 +63,45 @@ def fixed_point(
     gets its own statistics.
 
     Gradients with respect to `args` and to arrays that `fn` closes over follow `adjoint` (by
-    default the implicit function theorem). No gradient flows to `z0`: a fixed point does not
-    depend on where the search started, so `z0` can be a warm start (e.g. the previous solution).
+    default the implicit function theorem, solved as accurately as the forward). No gradient
+    flows to `z0`: a fixed point does not depend on where the search started, so `z0` can be a
+    warm start (e.g. the previous solution).
 
     **Arguments:**
 
     - `fn`: `fn(z, args) -> z'` with `z'` of the structure, shapes and dtypes of `z`.
     - `z0`: the initial guess, any pytree of floating-point arrays.
-    - `args`: any pytree passed to `fn`.
-    - `solver`: `eqattn.Anderson()` (default), `eqattn.Picard()` or `eqattn.Broyden()`.
-    - `adjoint`: `eqattn.ImplicitAdjoint()` (default), `eqattn.JacobianFree()`,
-      `eqattn.Phantom(steps, damping)` or `eqattn.Unrolled()`.
-    - `throw`: raise a runtime error (inside `jit` too) if the solve does not converge. With
-      `throw=False`, non-convergence is reported in the returned fields.
-    - `max_steps`: a budget of evaluations of $f$ for this call, at most `solver.max_steps`; it
-      may be a traced integer, so changing it does not recompile.
+    - `args`: any pytree passed to `fn` (arrays, functions, modules, ...).
+    - `solver`: eqattn's [`eqattn.Anderson`][] (default), [`eqattn.Picard`][] or
+      [`eqattn.Broyden`][]; a jaxopt solver as [`eqattn.JaxoptSolver`][]; or an Optimistix
+      fixed-point solver or root finder (`optx.FixedPointIteration(rtol, atol)`,
+      `optx.BestSoFarFixedPoint(...)`, `optx.Newton(...)`, ...), run by `optx.fixed_point`.
+    - `adjoint`: `None` (default): [`eqattn.ImplicitAdjoint`][] (whose backward solve takes this
+      solver's tolerances), or jaxopt's own implicit differentiation for a `JaxoptSolver`. Else
+      [`eqattn.JacobianFree`][], [`eqattn.Phantom`][], [`eqattn.SharedInverse`][] (Broyden only),
+      [`eqattn.Unrolled`][] (eqattn's solvers only), or an `ImplicitAdjoint` of your choosing.
+    - `throw`: raise a runtime error (inside `jit` too) if the forward solve does not converge,
+      and, unless the adjoint has its own `throw`, if its backward solve does not. With
+      `throw=False`, non-convergence is reported in the returned fields and a gradient is the
+      adjoint's at the returned iterate (see [`eqattn.AbstractAdjoint`][]).
+    - `max_steps`: a budget of evaluations of $f$ for this call, at most `solver.max_steps`. For
+      eqattn's solvers it may be a traced integer, so changing it does not recompile; for jaxopt
+      and Optimistix solvers it must be a Python int (Optimistix's default: 256).
 
     **Returns:** an [`eqattn.Equilibrium`][].
     """
     solver = Anderson() if solver is None else solver
-    adjoint = ImplicitAdjoint() if adjoint is None else adjoint
-    if not isinstance(solver, AbstractFixedPointSolver):
-        raise ValueError(f"`solver` must be an eqattn fixed-point solver; got {solver!r}.")
+    check_solver(solver)
+    adjoint = default_adjoint(solver) if adjoint is None else adjoint
     if not isinstance(adjoint, AbstractAdjoint):
         raise ValueError(f"`adjoint` must be an eqattn adjoint; got {adjoint!r}.")
     z0 = jax.tree.map(jnp.asarray, z0)
     _check_structure(fn, z0, args)
-    budget = solver.max_steps if max_steps is None else jnp.minimum(max_steps, solver.max_steps)
-    budget = jnp.asarray(budget, jnp.int32)
+    if isinstance(solver, AbstractFixedPointSolver):
+        budget = solver.max_steps if max_steps is None else jnp.minimum(max_steps, solver.max_steps)
+        budget = jnp.asarray(budget, jnp.int32)
+    else:
+        budget = max_steps  # a Python int: other backends fix their limit when compiled
 
     x0, unravel = ravel_pytree(z0)
     # A fixed point does not depend on where the search starts: no gradient flows to z0 (also
@@ -95,24 +114,14 @@ def fixed_point(
         fn_, args_ = params
         return ravel_pytree(fn_(unravel(x), args_))[0]
 
-    x_star, it = adjoint.run(solver, flat_fn, (closed, args), x0, budget)
-    scale = jnp.where(it.best_scale > 0, it.best_scale, 1)
-    converged = (it.best_residual <= solver.atol + solver.rtol * it.best_scale) & jnp.isfinite(
-        it.best_residual
-    )
-    value = unravel(x_star)
+    eq = adjoint.run(flat_fn, (closed, args), x0, solve=Forward(solver, budget), throw=throw)
+    value = unravel(eq.value)
     if throw:
         value = eqx.error_if(
             value,
-            ~converged,
-            "eqattn.fixed_point did not converge: the residual |f(z) - z| stayed above "
-            "atol + rtol * |f(z)| within max_steps, or f returned NaN/Inf. Inspect the "
-            "Equilibrium returned with throw=False.",
+            ~eq.converged,
+            "eqattn.fixed_point did not converge: the residual |f(z) - z| stayed above the "
+            "solver's tolerance within max_steps, or f returned NaN/Inf. Inspect the "
+            "Equilibrium (its `result`) returned with throw=False.",
         )
-    return Equilibrium(
-        value=value,
-        steps=it.step,
-        residual=it.best_residual,
-        relative_residual=it.best_residual / scale,
-        converged=converged,
-    )
+    return _with_value(eq, value)

@@ -3,23 +3,28 @@ r"""Linear solvers for the adjoint equation of implicit differentiation.
 The implicit function theorem turns the backward pass of $z^* = f(z^*, \theta)$ into
 $u = g + J^\top u$ with $J = \partial f/\partial z$ at $z^*$. It can be solved as a fixed point
 (any of eqattn's fixed-point solvers; `Picard` is the Neumann series) or as the linear system
-$(I - J^\top)\,u = g$ by a Krylov method. The Krylov methods here are jaxopt's
-(`jaxopt.linear_solve`, which wraps `jax.scipy.sparse.linalg`), behind this small interface.
+$(I - J^\top)\,u = g$ by a Krylov method. The Krylov methods here are Lineax's (`lx.GMRES`,
+`lx.BiCGStab`, `lx.Normal(lx.CG(...))`) on a matrix-free `lx.FunctionLinearOperator`, behind this
+small interface, with eqattn's 2-norm test.
 """
 
 from __future__ import annotations
 
 import abc
-import math
-import warnings
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
 
-with warnings.catch_warnings():
-    # jaxopt is archived upstream and warns on import; it is used only behind this interface.
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module="jaxopt")
-    warnings.filterwarnings("ignore", message=".*JAXopt is no longer maintained.*")
-    from jaxopt import linear_solve as _jaxopt_linear
+
+def _two_norm(x):
+    return jnp.sqrt(sum(jnp.sum(leaf * leaf) for leaf in jax.tree.leaves(x)))
+
+
+def _lineax_solve(solver, matvec, b):
+    operator = lx.FunctionLinearOperator(matvec, jax.eval_shape(lambda: b))
+    return lx.linear_solve(operator, b, solver, throw=False).value
 
 
 class AbstractKrylov(eqx.Module):
@@ -35,7 +40,8 @@ class AbstractKrylov(eqx.Module):
 
 
 class GMRES(AbstractKrylov):
-    """Restarted GMRES (`restart` Krylov vectors per cycle, `max_steps` matrix products in all)."""
+    """Restarted GMRES (`lx.GMRES`; `restart` Krylov vectors per cycle, at most `max_steps`
+    iterations)."""
 
     rtol: float = 1e-6
     atol: float = 1e-8
@@ -43,34 +49,39 @@ class GMRES(AbstractKrylov):
     restart: int = eqx.field(static=True, default=20)
 
     def solve(self, matvec, b):
-        cycles = max(1, math.ceil(self.max_steps / self.restart))
-        return _jaxopt_linear.solve_gmres(
-            matvec, b, tol=self.rtol, atol=self.atol, restart=self.restart, maxiter=cycles
+        solver = lx.GMRES(
+            rtol=self.rtol,
+            atol=self.atol,
+            norm=_two_norm,
+            max_steps=self.max_steps,
+            restart=self.restart,
         )
+        return _lineax_solve(solver, matvec, b)
 
 
 class BiCGStab(AbstractKrylov):
-    """Biconjugate gradient, stabilized (two matrix products per step)."""
+    """Biconjugate gradient, stabilized (`lx.BiCGStab`; two matrix products per step)."""
 
     rtol: float = 1e-6
     atol: float = 1e-8
     max_steps: int = eqx.field(static=True, default=60)
 
     def solve(self, matvec, b):
-        return _jaxopt_linear.solve_bicgstab(
-            matvec, b, tol=self.rtol, atol=self.atol, maxiter=self.max_steps
+        solver = lx.BiCGStab(
+            rtol=self.rtol, atol=self.atol, norm=_two_norm, max_steps=self.max_steps
         )
+        return _lineax_solve(solver, matvec, b)
 
 
 class NormalCG(AbstractKrylov):
     r"""Conjugate gradient on the normal equations $A^\top A u = A^\top b$ (works for any
-    nonsingular $A$; two matrix products per step, one of them transposed)."""
+    nonsingular $A$; `lx.Normal(lx.CG(...))`; two matrix products per step, one of them
+    transposed)."""
 
     rtol: float = 1e-6
     atol: float = 1e-8
     max_steps: int = eqx.field(static=True, default=60)
 
     def solve(self, matvec, b):
-        return _jaxopt_linear.solve_normal_cg(
-            matvec, b, tol=self.rtol, atol=self.atol, maxiter=self.max_steps
-        )
+        inner = lx.CG(rtol=self.rtol, atol=self.atol, norm=_two_norm, max_steps=self.max_steps)
+        return _lineax_solve(lx.Normal(inner), matvec, b)

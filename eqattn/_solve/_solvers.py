@@ -19,6 +19,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
+from ._equilibrium import RESULTS, Equilibrium
+
 State = Any
 
 
@@ -241,6 +243,7 @@ class Iteration(eqx.Module):
     best_residual: Float[Array, ""]
     best_scale: Float[Array, ""]
     done: Bool[Array, ""]
+    nonfinite: Bool[Array, ""]  # f(x) or x was not finite at the last step
 
 
 def _norm(x):
@@ -265,6 +268,7 @@ def first(solver, fn, x0) -> Iteration:
         best_residual=residual,
         best_scale=scale,
         done=converged(solver, residual, scale) | ~finite,
+        nonfinite=~finite,
     )
 
 
@@ -285,6 +289,26 @@ def advance(solver, fn, it: Iteration) -> Iteration:
         best_residual=jnp.where(better, residual, it.best_residual),
         best_scale=jnp.where(better, scale, it.best_scale),
         done=converged(solver, residual, scale) | ~finite,
+        nonfinite=~finite,
+    )
+
+
+def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
+    """The public summary of a finished loop (`value` is the flat best iterate)."""
+    ok = converged(solver, it.best_residual, it.best_scale) & jnp.isfinite(it.best_residual)
+    scale = jnp.where(it.best_scale > 0, it.best_scale, 1)
+    result = RESULTS.where(
+        ok,
+        RESULTS.successful,
+        RESULTS.where(it.nonfinite, RESULTS.nonfinite, RESULTS.max_steps_reached),
+    )
+    return Equilibrium(
+        value=it.best_x,
+        steps=it.step,
+        residual=it.best_residual,
+        relative_residual=it.best_residual / scale,
+        converged=ok,
+        result=result,
     )
 
 

@@ -9,6 +9,8 @@ Equilibrium Models", 2019).
 
 from __future__ import annotations
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -19,10 +21,11 @@ from .._solve import (
     AbstractAdjoint,
     AbstractFixedPointSolver,
     Anderson,
-    ImplicitAdjoint,
     jacobian_frobenius,
 )
 from .._solve._equilibrium import Equilibrium
+from .._solve._fixed_point import default_adjoint
+from .._solve._precision import precision_rtol
 from ._implicit import Norm, apply_norm, check_norm
 from ._io import Pooling, embed_tokens, init_io, read_out
 from ._layer import AbstractEquilibriumLayer
@@ -78,7 +81,7 @@ class DEQBlock(AbstractEquilibriumLayer):
     inject_norm: eqx.nn.LayerNorm
     mlp_in: eqx.nn.Linear
     mlp_out: eqx.nn.Linear
-    solver: AbstractFixedPointSolver
+    solver: Any
     adjoint: AbstractAdjoint
     dropout: float = eqx.field(static=True)
     norm_first: bool = eqx.field(static=True)
@@ -112,8 +115,10 @@ class DEQBlock(AbstractEquilibriumLayer):
         self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
         self.mlp_in = eqx.nn.Linear(dim, hidden, key=k1, dtype=dtype)
         self.mlp_out = eqx.nn.Linear(hidden, dim, key=k2, dtype=dtype)
-        self.solver = Anderson(rtol=1e-3, max_steps=30) if solver is None else solver
-        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.solver = (
+            Anderson(rtol=precision_rtol(1e-3, dtype), max_steps=30) if solver is None else solver
+        )
+        self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
         self.dropout = dropout
         self.norm_first = norm_first
         self.norm = norm

@@ -15,6 +15,7 @@ increase (for a small enough step $\eta$), and the output is a stationary point 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -23,8 +24,10 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._attention import log_normalizer
 from .._renorm import renormalize
-from .._solve import AbstractAdjoint, AbstractFixedPointSolver, ImplicitAdjoint, Picard
+from .._solve import AbstractAdjoint, AbstractFixedPointSolver, Picard
 from .._solve._equilibrium import Equilibrium
+from .._solve._fixed_point import default_adjoint
+from .._solve._precision import precision_rtol
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import check_dims, check_mask, check_tokens
 
@@ -47,7 +50,7 @@ class EnergyAttention(AbstractEquilibriumLayer):
     step_size: float = eqx.field(static=True)
     norm_eps: float = eqx.field(static=True)
     injection: float = eqx.field(static=True)
-    solver: AbstractFixedPointSolver
+    solver: Any
     adjoint: AbstractAdjoint
     throw: bool = eqx.field(static=True)
     dim: int = eqx.field(static=True)
@@ -85,8 +88,10 @@ class EnergyAttention(AbstractEquilibriumLayer):
         self.step_size = step_size
         self.norm_eps = norm_eps
         self.injection = injection
-        self.solver = Picard(rtol=1e-4, max_steps=200) if solver is None else solver
-        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.solver = (
+            Picard(rtol=precision_rtol(1e-4, dtype), max_steps=200) if solver is None else solver
+        )
+        self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
         self.throw = throw
         self.dim = dim
 

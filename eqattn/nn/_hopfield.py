@@ -16,6 +16,8 @@ $W_o\,[V^\top\mathrm{softmax}(\beta K\xi^*)]_h$ with $V = W_v y$.
 
 from __future__ import annotations
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -28,9 +30,10 @@ from .._solve import (
     AbstractAdjoint,
     AbstractFixedPointSolver,
     Anderson,
-    ImplicitAdjoint,
 )
 from .._solve._equilibrium import Equilibrium
+from .._solve._fixed_point import default_adjoint
+from .._solve._precision import precision_rtol
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_mask, check_tokens
 
@@ -63,7 +66,7 @@ class Hopfield(AbstractEquilibriumLayer):
     stored_norm: eqx.nn.LayerNorm | None
     normalize_projected: bool = eqx.field(static=True)
     injection: float = eqx.field(static=True)
-    solver: AbstractFixedPointSolver
+    solver: Any
     adjoint: AbstractAdjoint
     throw: bool = eqx.field(static=True)
     state_dim: int = eqx.field(static=True)
@@ -109,8 +112,8 @@ class Hopfield(AbstractEquilibriumLayer):
         self.stored_norm = eqx.nn.LayerNorm(stored_dim, dtype=dtype) if normalize_stored else None
         self.normalize_projected = normalize_projected
         self.injection = injection
-        self.solver = Anderson(rtol=1e-4) if solver is None else solver
-        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.solver = Anderson(rtol=precision_rtol(1e-4, dtype)) if solver is None else solver
+        self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
         self.throw = throw
         self.state_dim = state_dim
         self.stored_dim = stored_dim

@@ -10,7 +10,7 @@ Forward by `eqattn.fixed_point`, backward by its adjoint (implicit differentiati
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -22,9 +22,10 @@ from .._solve import (
     AbstractAdjoint,
     AbstractFixedPointSolver,
     Anderson,
-    ImplicitAdjoint,
 )
 from .._solve._equilibrium import Equilibrium
+from .._solve._fixed_point import default_adjoint
+from .._solve._precision import precision_rtol
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
 
@@ -64,7 +65,7 @@ class ImplicitAttention(AbstractEquilibriumLayer):
     attention: MultiHeadAttention
     inject: eqx.nn.Linear
     inject_norm: eqx.nn.LayerNorm
-    solver: AbstractFixedPointSolver
+    solver: Any
     adjoint: AbstractAdjoint
     norm: str = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
@@ -90,8 +91,8 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
         self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
-        self.solver = Anderson(rtol=1e-4) if solver is None else solver
-        self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+        self.solver = Anderson(rtol=precision_rtol(1e-4, dtype)) if solver is None else solver
+        self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
         self.norm = norm
         self.throw = throw
         self.dim = dim
