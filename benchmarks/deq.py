@@ -16,7 +16,11 @@ P2, GPU-sized (run on accelerators; `--quick` runs a tiny version everywhere):
 The baselines are written by hand with jaxopt (AndersonAcceleration and FixedPointIteration,
 implicit_diff=True, their default backward solve). jaxopt's stop test is absolute,
 |f(z) - z| <= tol, so tol = rtol * |z| with |z| = sqrt(B N D), the norm of a layer-normalized z.
-With torch and torchdeq installed, torchdeq's Anderson and fixed-point solvers (ift=True) run
+The same two jaxopt solvers also run through eqattn (`eqattn.JaxoptSolver`, differentiated by
+jaxopt; eqattn measures the residual at the answer, one more evaluation of f), and Optimistix's
+`FixedPointIteration` (RMS norm of the changes relative to atol + rtol |z|, both P1's rtol) through `eqattn.fixed_point` with eqattn's implicit
+adjoint. eqattn's default adjoint solves the backward to the forward's tolerance. With torch and
+torchdeq installed, torchdeq's Anderson and fixed-point solvers (ift=True) run
 the same problems too (`benchmarks/_torchdeq.py`; on the GPU when torch has CUDA). The floor
 is 15 evaluations of f in a jitted, unrolled loop: the least an Anderson forward pass does on
 P1. eqattn's solvers also run with `check_every=4` (four guarded steps per trip of the loop:
@@ -96,7 +100,12 @@ def problems(quick: bool) -> list[Problem]:
 def _ours(p: Problem, solver, adjoint):
     def solve(weights, x):
         return eqattn.fixed_point(
-            lambda z, a: p.f(z, *a), jnp.zeros_like(x), (weights, x), solver=solver, adjoint=adjoint
+            lambda z, a: p.f(z, *a),
+            jnp.zeros_like(x),
+            (weights, x),
+            solver=solver,
+            adjoint=adjoint,
+            max_steps=MAX_STEPS,
         )
 
     def forward(weights, x):
@@ -148,10 +157,34 @@ def _floor(p: Problem):
     return floor
 
 
+def _backends(p: Problem):
+    """jaxopt through eqattn.JaxoptSolver (differentiated by jaxopt) and Optimistix's fixed-point
+    iteration through eqattn.fixed_point (differentiated by eqattn's implicit adjoint)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import jaxopt
+    import optimistix as optx
+
+    tol = p.rtol * math.sqrt(p.B * p.N * p.D)  # as the hand-written baseline's
+    anderson = eqattn.JaxoptSolver(
+        jaxopt.AndersonAcceleration, history_size=5, maxiter=MAX_STEPS, tol=tol
+    )
+    picard = eqattn.JaxoptSolver(jaxopt.FixedPointIteration, maxiter=MAX_STEPS, tol=tol)
+    # Optimistix scales each element's change by atol + rtol |z_i| and takes a norm of those
+    # ratios: with the RMS norm and atol = rtol this is close to P1's relative 2-norm test.
+    optx_picard = optx.FixedPointIteration(rtol=p.rtol, atol=p.rtol, norm=optx.rms_norm)
+    return [
+        ("eqattn JaxoptSolver(AndersonAcceleration)", *_ours(p, anderson, None)),
+        ("eqattn JaxoptSolver(FixedPointIteration)", *_ours(p, picard, None)),
+        ("eqattn optx.FixedPointIteration + implicit", *_ours(p, optx_picard, None)),
+    ]
+
+
 def _configs(p: Problem):
     implicit = eqattn.ImplicitAdjoint()
     out = [("jaxopt Anderson m=5 (baseline)", *_jaxopt(p, "anderson"))]
     out.append(("jaxopt FixedPointIteration", *_jaxopt(p, "picard")))
+    out += _backends(p)
     common = dict(rtol=p.rtol, atol=0.0, max_steps=MAX_STEPS)
     for sname, kind in [("Anderson m=5", eqattn.Anderson), ("Picard", eqattn.Picard)]:
         for check in (1, 4):

@@ -151,9 +151,7 @@ def _solver_memory(step_counts, tokens, dim=64, heads=4):
     rows = []
     x = jax.ShapeDtypeStruct((tokens, dim), jnp.float32)
     adjoints = {
-        "implicit": eqattn.ImplicitAdjoint(
-            linear_solver=eqattn.Anderson(rtol=1e-30, max_steps=20), throw=False
-        ),
+        "implicit": eqattn.ImplicitAdjoint(linear_solver=eqattn.Anderson(rtol=1e-30, max_steps=20)),
         "unrolled": eqattn.Unrolled(),
     }
     for steps in step_counts:
@@ -190,9 +188,7 @@ def long_sequence_step(tokens: int = 16384, dim: int = 64, heads: int = 4) -> di
         heads,
         key=jax.random.key(0),
         solver=eqattn.Anderson(rtol=1e-3, max_steps=15),
-        adjoint=eqattn.ImplicitAdjoint(
-            linear_solver=eqattn.Anderson(rtol=1e-3, max_steps=15), throw=False
-        ),
+        adjoint=eqattn.ImplicitAdjoint(linear_solver=eqattn.Anderson(rtol=1e-3, max_steps=15)),
         throw=False,
     )
     x = jax.random.normal(jax.random.key(1), (tokens, dim), jnp.float32)
