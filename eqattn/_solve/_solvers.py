@@ -5,7 +5,8 @@ The iteration loop is ours rather than jaxopt's `FixedPointIteration` / `Anderso
 last iterate, whereas eqattn needs the relative test $\lVert f(x) - x\rVert \le \mathrm{atol} +
 \mathrm{rtol}\lVert f(x)\rVert$ (per example under `vmap`), the lowest-residual iterate, a stop on
 NaN/Inf, and a step budget that can change between calls without recompiling. Each solver is an
-`eqx.Module` with `init` / `step`, as in Optimistix; the loop (`iterate`) is shared.
+`eqx.Module` with `init` / `step`, as in Optimistix; the loop (`iterate`) is shared. jaxopt's and
+Optimistix's solvers can be used too (`_backends.py`).
 """
 
 from __future__ import annotations
