@@ -117,8 +117,10 @@ def check_inputs(queries, keys, values, beta, mask):
             "(e.g. shape [heads] for inputs [..., heads, tokens, features]); "
             f"got shape {beta_shape}."
         )
-    if is_concrete(beta) and not np.all(np.asarray(beta) > 0):
-        raise ValueError(f"`beta` (the inverse temperature) must be > 0; got {np.asarray(beta)}.")
+    if is_concrete(beta) and not np.all(np.isfinite(beta) & (np.asarray(beta) > 0)):
+        raise ValueError(
+            f"`beta` (the inverse temperature) must be finite and > 0; got {np.asarray(beta)}."
+        )
 
     if mask is not None:
         if jnp.result_type(mask) != jnp.bool_:
@@ -347,8 +349,8 @@ def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chun
     m = k.shape[-2]
 
     def unblock(x):  # [T, B, chunk, f] -> [B, m, f]
-        x = jnp.moveaxis(x, 0, -3)
-        return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :m, :]
+        x = jnp.moveaxis(x, 0, -3)  # explicit sizes: f may be 0 (log_normalizer's values)
+        return x.reshape(*x.shape[:-3], x.shape[-3] * x.shape[-2], x.shape[-1])[..., :m, :]
 
     return dq, unblock(dk), unblock(dv), dbeta
 

@@ -137,6 +137,23 @@ def _as_arrays(queries, keys, values, beta, mask):
     return queries, keys, values, jnp.asarray(beta), mask
 
 
+def _inert(queries, keys, values, mask, rank):
+    """Zero the keys and values that no query may attend to, and the queries that may attend to
+    no key: whatever they hold (NaN, inf) then reaches neither the output nor the gradients,
+    which equal those of the problem without them (a masked logit is dropped, but 0 * NaN in a
+    matmul is NaN). A key masked for some queries only is used by the others and is kept."""
+    rows = mask if mask.ndim >= 2 else mask[None, :]
+    key_used = jnp.any(rows, axis=-2)[..., None]  # [..., m, 1]
+    query_used = jnp.any(rows, axis=-1)[..., None]  # [..., n or 1, 1]
+
+    def zero(x, used):
+        x = jnp.where(used, x, jnp.zeros((), x.dtype))
+        # the mask may carry more leading size-1 axes than the batch has
+        return x.reshape(x.shape[max(0, x.ndim - (rank + 2)) :])
+
+    return zero(queries, query_used), zero(keys, key_used), zero(values, key_used)
+
+
 def dispatch(
     queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -154,6 +171,13 @@ def dispatch(
         chunk_size=chunk_size,
         need_lse=need_lse,
     )
+    if not _core.is_concrete(beta):
+        # Checked eagerly when concrete (check_inputs). A traced beta that is not finite and > 0
+        # makes the output NaN, loudly wrong rather than plausibly: a runtime error here would
+        # cost a device-to-host sync per call (XLA conditionals on GPUs), inside solver loops too.
+        beta = jnp.where(jnp.isfinite(beta) & (beta > 0), beta, jnp.nan)
+    if mask is not None:
+        queries, keys, values = _inert(queries, keys, values, mask, len(batch))
     if choice == "cudnn":
         return _cudnn_attention(queries, keys, values, beta, mask, batch), None
 

@@ -292,11 +292,13 @@ def test_nan_stops_the_solve():
     f = lambda z, _: jnp.log(z - 1.0)  # NaN from the first step  # noqa: E731
     eq = eqattn.fixed_point(f, jnp.zeros(2), solver=eqattn.Anderson())
     assert not eq.converged and int(eq.steps) == 1 and np.isinf(eq.residual)
-    assert np.all(np.isfinite(eq.value))
+    # no finite evaluation of f at all: the answer is NaN, not the start
+    assert np.all(np.isnan(eq.value)) and eq.result == eqattn.RESULTS.nonfinite
     # f fine at z0 but NaN further on: stop there, keep the best finite iterate
     g = lambda z, _: jnp.where(z > 0.5, jnp.nan, z + 0.3)  # noqa: E731
     eq = eqattn.fixed_point(g, jnp.zeros(2), solver=eqattn.Picard())
     assert not eq.converged and int(eq.steps) == 3 and np.all(np.isfinite(eq.value))
+    assert eq.result == eqattn.RESULTS.nonfinite
 
 
 def test_backward_solve_failure_is_reported():

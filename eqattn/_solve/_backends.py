@@ -54,7 +54,7 @@ def _summary(g, x, steps, ok, result, tol=None) -> Equilibrium:
     ok = (ok if tol is None else residual <= tol) & finite
     result = RESULTS.where(ok, RESULTS.successful, RESULTS.where(finite, result, RESULTS.nonfinite))
     return Equilibrium(
-        value=x,
+        value=jnp.where(finite, x, jnp.nan),
         steps=jnp.asarray(steps, jnp.int32),
         residual=residual,
         relative_residual=residual / jnp.where(scale > 0, scale, 1),

@@ -110,11 +110,18 @@ def fixed_point(
     # Arrays that `fn` closes over become leaves of `closed`, so they can be differentiated.
     closed = eqx.filter_closure_convert(fn, z0, args)
 
+    # Scalar arrays travel as shape [1]: under `jax.grad` with respect to a Python float, a
+    # custom VJP would receive the scalar's primal as a Python float, which Equinox's filtering
+    # treats as static (no gradient: an error, or silently zero for a closed-over one).
+    params = (closed, args)
+    boxed = jax.tree.map(lambda a: eqx.is_inexact_array(a) and jnp.ndim(a) == 0, params)
+    params = jax.tree.map(lambda a, b: a[None] if b else a, params, boxed)
+
     def flat_fn(x, params):
-        fn_, args_ = params
+        fn_, args_ = jax.tree.map(lambda a, b: a[0] if b else a, params, boxed)
         return ravel_pytree(fn_(unravel(x), args_))[0]
 
-    eq = adjoint.run(flat_fn, (closed, args), x0, solve=Forward(solver, budget), throw=throw)
+    eq = adjoint.run(flat_fn, params, x0, solve=Forward(solver, budget), throw=throw)
     value = unravel(eq.value)
     if throw:
         value = eqx.error_if(

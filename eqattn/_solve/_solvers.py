@@ -169,7 +169,11 @@ class Broyden(AbstractFixedPointSolver):
     An approximation $B \approx (\partial g/\partial x)^{-1}$, starting from $-I$, takes steps
     $x \leftarrow x - \lambda B g(x)$ and is updated by Sherman-Morrison from
     $s = \Delta x$, $y = \Delta g$: $B \leftarrow B + (s - By)\,s^\top B / (s^\top B y)$. The last
-    `history_size` rank-one terms are kept (oldest overwritten first).
+    `history_size` rank-one terms are kept (oldest overwritten first). An update whose
+    denominator is below $\sqrt{\epsilon}\,\lVert s\rVert\,\lVert By\rVert$ is skipped, and an
+    iterate whose residual exceeds `restart_factor` times the lowest seen restarts from the
+    lowest-residual iterate with $B = -I$: a tolerance below what rounding allows makes the
+    iterates stall, not diverge.
 
     `check_every` steps are taken per trip of the loop, each guarded so that an iterate stops
     changing once it has converged: the results are the same as with 1, the loop's trips (and,
@@ -183,9 +187,12 @@ class Broyden(AbstractFixedPointSolver):
     history_size: int = eqx.field(static=True, default=20)
     damping: float = 1.0
     check_every: int = eqx.field(static=True, default=1)
+    restart_factor: float = 100.0
 
     def __check_init__(self):
         self._check()
+        if not self.restart_factor > 1:
+            raise ValueError(f"Broyden: `restart_factor` must be > 1; got {self.restart_factor}.")
         if self.history_size < 1 or not 0 < self.damping <= 1:
             raise ValueError(
                 "Broyden: need history_size >= 1 and damping in (0, 1]; got "
@@ -196,7 +203,10 @@ class Broyden(AbstractFixedPointSolver):
         m = self.history_size
         us = jnp.zeros((m,) + x.shape, x.dtype)
         vs = jnp.zeros((m,) + x.shape, x.dtype)
-        return us, vs, jnp.array(0), x, fx - x  # low-rank terms, count, previous x and g
+        g = fx - x
+        # low-rank terms, count, previous x and g, and the lowest-residual pair seen (a restart
+        # point)
+        return us, vs, jnp.array(0), x, g, x, g, jnp.linalg.norm(g)
 
     @staticmethod
     def _apply(us, vs, w):  # B w = -w + U^T (V w)
@@ -213,12 +223,23 @@ class Broyden(AbstractFixedPointSolver):
         return w - (us @ w) @ vs
 
     def step(self, x, fx, state):
-        us, vs, count, x_prev, g_prev = state
+        us, vs, count, x_prev, g_prev, x_best, g_best, best = state
         g = fx - x
+        norm = jnp.linalg.norm(g)
+        better = norm < best
+        x_best, g_best = jnp.where(better, x, x_best), jnp.where(better, g, g_best)
+        best = jnp.where(better, norm, best)
+        # Iterates that move far from the best one (rounding noise below a tolerance that cannot
+        # be met corrupts the rank-one terms, and the iterates then diverge) restart there.
+        restart = norm > self.restart_factor * best
         s, y = x - x_prev, g - g_prev
         b_y = self._apply(us, vs, y)
         denom = s @ b_y
-        ok = jnp.any(s != 0) & (jnp.abs(denom) > jnp.finfo(x.dtype).tiny)
+        # Skip an update whose denominator is small relative to its factors (near-parallel s
+        # and B y: the rank-one term would be huge, and rounding noise near a fixed point that
+        # the tolerance cannot resolve would send the iterates away).
+        floor = jnp.sqrt(jnp.finfo(x.dtype).eps) * jnp.linalg.norm(s) * jnp.linalg.norm(b_y)
+        ok = jnp.any(s != 0) & (jnp.abs(denom) > jnp.maximum(floor, jnp.finfo(x.dtype).tiny))
         u = jnp.where(ok, (s - b_y) / jnp.where(ok, denom, 1), 0)
         v = jnp.where(ok, self._apply_t(us, vs, s), 0)
         # Write one row (O(n)); a skipped update rewrites the row that is there.
@@ -227,7 +248,12 @@ class Broyden(AbstractFixedPointSolver):
         vs = vs.at[slot].set(jnp.where(ok, v, vs[slot]))
         count = count + ok.astype(count.dtype)
         x_new = x - self.damping * self._apply(us, vs, g)
-        return x_new, (us, vs, count, x, g)
+        # a restart: B = -I from the best pair
+        us, vs = jnp.where(restart, 0, us), jnp.where(restart, 0, vs)
+        count = jnp.where(restart, 0, count)
+        x_new = jnp.where(restart, x_best + self.damping * g_best, x_new)
+        x, g = jnp.where(restart, x_best, x), jnp.where(restart, g_best, g)
+        return x_new, (us, vs, count, x, g, x_best, g_best, best)
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -303,8 +329,10 @@ def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
         RESULTS.successful,
         RESULTS.where(it.nonfinite, RESULTS.nonfinite, RESULTS.max_steps_reached),
     )
+    # No finite evaluation of f at all (e.g. NaN in the input): the answer is NaN, not z0.
+    value = jnp.where(jnp.isfinite(it.best_residual), it.best_x, jnp.nan)
     return Equilibrium(
-        value=it.best_x,
+        value=value,
         steps=it.step,
         residual=it.best_residual,
         relative_residual=it.best_residual / scale,

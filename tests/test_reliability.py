@@ -1,0 +1,230 @@
+"""Bad input gets a clear error or the reference's answer, never a plausible wrong number: masked
+entries are inert, beta is checked, NaN propagates, solvers do not diverge; and a property-based
+suite over shapes, dtypes, masks, beta and NaN placement (bounded: a fixed example budget)."""
+
+import equinox as eqx
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import eqattn
+from eqattn._solve._solvers import iterate
+
+IMPLEMENTATIONS = ["xla", "chunked", "pallas"]  # pallas runs in interpret mode on the CPU
+
+
+def _removed_reference(q, k, v, beta, mask):
+    """float64 numpy: each query's output from the keys it may attend to only (masked products
+    are dropped, not multiplied by 0, so NaN stored there cannot reach the answer)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = np.where(mask, np.einsum("...nd,...md->...nm", q, k) * beta, -np.inf)
+    smax = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+    smax = np.where(np.isfinite(smax), smax, 0.0)
+    p = np.where(mask, np.exp(s - smax), 0.0)
+    total = p.sum(-1)
+    with np.errstate(divide="ignore"):
+        lse = smax[..., 0] + np.log(total)
+    terms = np.where(mask[..., None], p[..., None] * v[..., None, :, :], 0.0)
+    out = terms.sum(-2) / np.where(total > 0, total, 1.0)[..., None]
+    return out, lse
+
+
+def _call(impl, q, k, v, beta, mask):
+    extra = {"chunk_size": 3} if impl == "chunked" else {}
+    return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, implementation=impl, **extra)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_masked_keys_values_and_queries_are_inert(impl):
+    """NaN/inf in keys and values that no query may see, and in queries that may see nothing:
+    output, lse and gradients equal those of the clean problem."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 7, 4)), rng.normal(size=(2, 7, 3))
+    mask = np.ones((2, 5, 7), bool)
+    mask[0, :, 5:] = False  # padding keys of example 0
+    mask[1, :, 0] = False
+    mask[1, 3, :] = False  # a query that sees nothing
+    dirty_k, dirty_v, dirty_q = k.copy(), v.copy(), q.copy()
+    dirty_k[0, 5:], dirty_v[0, 6], dirty_k[1, 0] = np.nan, np.inf, np.inf
+    dirty_v[1, 0], dirty_q[1, 3] = np.nan, np.nan
+
+    out, lse = _call(impl, dirty_q, dirty_k, dirty_v, 1.0, mask)
+    ref_out, ref_lse = _removed_reference(q, k, v, 1.0, mask)
+    np.testing.assert_allclose(out, ref_out, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-12)
+    assert np.isneginf(lse[1, 3]) and np.all(out[1, 3] == 0)
+
+    def loss(q, k, v):
+        out, lse = _call(impl, q, k, v, 1.0, mask)
+        return jnp.sum(jnp.sin(out)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+    dirty = jax.grad(loss, argnums=(0, 1, 2))(dirty_q, dirty_k, dirty_v)
+    clean = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    for g, c in zip(dirty, clean):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, c, atol=1e-12)
+    # the masked entries get no gradient
+    assert (
+        np.all(dirty[1][0, 5:] == 0) and np.all(dirty[2][1, 0] == 0) and np.all(dirty[0][1, 3] == 0)
+    )
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, np.inf, np.nan])
+def test_beta_must_be_finite_and_positive(bad):
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(3, 4)), rng.normal(size=(5, 4))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        eqattn.attention(q, k, beta=bad)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        eqattn.attention(np.stack([q, q]), k, beta=np.array([1.0, bad]))  # per batch element
+    # traced: not an error (that would be a device-to-host sync per call), a loud NaN
+    for impl in ("xla", "chunked"):
+        out, lse = jax.jit(lambda b: _call(impl, q, k, k, b, None))(bad)
+        assert np.all(np.isnan(out)) and np.all(np.isnan(lse))
+        good = jax.jit(lambda b: _call(impl, q, k, k, b, None))(0.5)
+        np.testing.assert_allclose(
+            good[0], _removed_reference(q, k, k, 0.5, np.ones((3, 5), bool))[0], atol=1e-12
+        )
+
+
+@pytest.mark.parametrize("impl", ["chunked", "auto"])
+def test_log_normalizer_gradient_on_the_chunked_path(impl, monkeypatch):
+    """d/dq log Z(q) = E_p[k] (the chunked backward with no values used to divide by zero)."""
+    import eqattn._core as core
+
+    monkeypatch.setattr(core, "_CHUNK_AUTO_LOGITS", 64)  # make "auto" chunk at this size
+    monkeypatch.setattr(core, "_CHUNK_DEFAULT", 16)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # "auto" chunks off CPU only
+    rng = np.random.default_rng(1)
+    q, k = rng.normal(size=(32, 2)), rng.normal(size=(64, 2))
+    extra = {"chunk_size": 16} if impl == "chunked" else {}
+    g = jax.grad(lambda q: eqattn.log_normalizer(q, k, implementation=impl, **extra).sum())(q)
+    s = q @ k.T
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(g, (p / p.sum(-1, keepdims=True)) @ k, atol=1e-12)
+
+
+def test_fixed_point_gradient_with_respect_to_a_python_float():
+    """z = tanh(b z + 1): dz/db = z (1 - z^2) / (1 - b (1 - z^2)), in args and closed over."""
+    f = lambda z, b: jnp.tanh(b * z + 1.0)  # noqa: E731
+    tight = eqattn.Anderson(rtol=1e-13, atol=0.0)
+
+    def closed_form(b):
+        z = 0.0
+        for _ in range(500):
+            z = np.tanh(b * z + 1.0)
+        return z * (1 - z**2) / (1 - b * (1 - z**2))
+
+    for adjoint in (eqattn.ImplicitAdjoint(), eqattn.Unrolled()):
+        in_args = jax.grad(
+            lambda b: eqattn.fixed_point(f, jnp.zeros(()), b, solver=tight, adjoint=adjoint).value
+        )(0.5)
+        closed = jax.grad(
+            lambda b: (
+                eqattn.fixed_point(
+                    lambda z, _: f(z, b), jnp.zeros(()), solver=tight, adjoint=adjoint
+                ).value
+            )
+        )(0.5)
+        np.testing.assert_allclose(in_args, closed_form(0.5), rtol=1e-10)
+        np.testing.assert_allclose(closed, closed_form(0.5), rtol=1e-10)
+
+
+def test_nan_input_gives_nan_output_and_says_so():
+    layer = eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (5, 8)).at[2, 3].set(jnp.nan)
+    eq = layer.equilibrium(x)
+    assert eq.result == eqattn.RESULTS.nonfinite and not bool(eq.converged)
+    assert np.all(np.isnan(layer(x)))
+    strict = eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0), throw=True)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge"):
+        jax.block_until_ready(eqx.filter_jit(strict)(x))
+
+
+def test_broyden_does_not_diverge_below_rounding():
+    """A tolerance no float64 evaluation can meet: the iterates stall near the best residual
+    instead of growing (they reached 1e130 before the restart safeguard)."""
+    layer = eqattn.nn.DEQBlock(16, 2, key=jax.random.key(0), dtype=jnp.float64)
+    x = jax.random.normal(jax.random.key(0), (12, 16), jnp.float64)
+    injection = layer.injection(x)
+
+    def g(z):
+        return layer.step(z.reshape(12, 16), injection).reshape(-1)
+
+    solver = eqattn.Broyden(rtol=1e-17, atol=0.0, max_steps=300)
+    it = jax.jit(lambda: iterate(solver, g, jnp.zeros(192), 300))()
+    last = float(jnp.linalg.norm(g(it.x) - it.x))
+    assert int(it.step) == 300 and float(it.best_residual) < 1e-14
+    assert last < 1e3 * float(it.best_residual), last
+    with pytest.raises(ValueError, match="restart_factor"):
+        eqattn.Broyden(restart_factor=1.0)
+
+
+# --- property-based: every case is a clear error or the float64 reference's answer -------------
+
+DTYPES = {"float32": (np.float32, 2e-5), "float64": (np.float64, 1e-12), "bfloat16": (None, 3e-2)}
+
+
+@st.composite
+def problems(draw):
+    batch = draw(st.sampled_from([(), (1,), (2,), (2, 1)]))
+    n, m = draw(st.integers(1, 6)), draw(st.integers(1, 7))
+    d, dv = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    mask_shape = draw(
+        st.sampled_from(
+            [None, (m,), (n, m), (1, m), (1, n, m)] + ([batch + (n, m)] if batch else [])
+        )
+    )
+    if mask_shape is not None and len(mask_shape) > len(batch) + 2:
+        mask_shape = mask_shape[1:]  # a mask may not add batch axes
+    mask = None if mask_shape is None else draw(hnp.arrays(bool, mask_shape))
+    beta = draw(st.sampled_from([0.5, 1.0, 3.0, 0.0, -1.0, np.inf, np.nan]))
+    dtype = draw(st.sampled_from(list(DTYPES)))
+    huge = draw(st.booleans())  # huge logits
+    poison = draw(st.booleans())  # NaN in every entry nobody may see
+    seed = draw(st.integers(0, 2**16))
+    return batch, n, m, d, dv, mask, beta, dtype, huge, poison, seed
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(problems(), st.sampled_from(["xla", "chunked"]))
+def test_fuzz_attention(problem, impl):
+    batch, n, m, d, dv, mask, beta, dtype, huge, poison, seed = problem
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=batch + (n, d)) * (30.0 if huge else 1.0)
+    k = rng.normal(size=batch + (m, d)) * (30.0 if huge else 1.0)
+    v = rng.normal(size=batch + (m, dv))
+    full = np.ones(batch + (n, m), bool) if mask is None else np.broadcast_to(mask, batch + (n, m))
+    if poison:
+        k = np.where(full.any(-2)[..., None], k, np.nan)
+        v = np.where(full.any(-2)[..., None], v, np.nan)
+        q = np.where(full.any(-1)[..., None], q, np.nan)
+    np_dtype, atol = DTYPES[dtype]
+    cast = (
+        (lambda a: jnp.asarray(a, jnp.bfloat16))
+        if np_dtype is None
+        else (lambda a: a.astype(np_dtype))
+    )
+    if not (np.isfinite(beta) and beta > 0):
+        with pytest.raises(ValueError, match="beta"):
+            _call(impl, cast(q), cast(k), cast(v), beta, mask)
+        return
+    out, lse = _call(impl, cast(q), cast(k), cast(v), beta, mask)
+    assert out.shape == batch + (n, dv) and lse.shape == batch + (n,)
+    # the reference sees the inputs as the kernel does (rounded to its dtype)
+    qr, kr, vr = (np.asarray(jnp.asarray(cast(a)), np.float64) for a in (q, k, v))
+    ref_out, ref_lse = _removed_reference(qr, kr, vr, beta, full)
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref_out, atol=atol * 3)
+    finite = np.isfinite(ref_lse)
+    assert np.array_equal(np.isfinite(np.asarray(lse, np.float64)), finite)
+    np.testing.assert_allclose(
+        np.asarray(lse, np.float64)[finite], ref_lse[finite], rtol=atol, atol=atol
+    )
