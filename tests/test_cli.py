@@ -1,5 +1,6 @@
 """The `eqattn` command at tiny sizes: outputs, files, errors and Ctrl-C."""
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -45,7 +46,9 @@ def test_train_writes_checkpoint_and_metrics(trained):
     assert metrics["params"] > 0 and metrics["step_temp_memory_mb"] > 0
     assert metrics["model_config"]["max_steps"] == 8
     header = json.loads((trained / "checkpoint.eqx").read_bytes().split(b"\n", 1)[0])
-    assert header["format"] == "eqattn-checkpoint-1" and header["epoch"] == 2
+    assert header["format"] == "eqattn-checkpoint-2" and header["epoch"] == 2
+    payload = (trained / "checkpoint.eqx").read_bytes().split(b"\n", 1)[1]
+    assert header["sha256"] == hashlib.sha256(payload).hexdigest()
 
 
 def test_evaluate_reproduces_accuracy(trained, capsys, tmp_path):

@@ -1,8 +1,11 @@
-"""Checkpoints: one file, a JSON header line (format, eqattn version, the model's configuration)
-followed by the model's leaves in Equinox's serialization (no pickle)."""
+"""Checkpoints: one file, a JSON header line (format, eqattn version, the model's configuration,
+the payload's size and SHA-256) followed by the model's leaves in Equinox's serialization (no
+pickle) and, for `eqattn train --resume`, the training state at the last epoch boundary."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -11,8 +14,10 @@ from typing import Any
 import equinox as eqx
 
 from ._errors import CommandError
+from ._run import atomic_write
 
-FORMAT = "eqattn-checkpoint-1"
+FORMAT = "eqattn-checkpoint-2"
+_READABLE = ("eqattn-checkpoint-1", FORMAT)  # format 1: no checksum, no training state
 FILENAME = "checkpoint.eqx"
 
 
@@ -31,16 +36,31 @@ def writable_dir(path: str | os.PathLike) -> Path:
     return path
 
 
-def save_checkpoint(path: Path, model: eqx.Module, config: dict[str, Any], **extra) -> None:
-    """Write `model` and its `config` to `path` atomically (a partial file never replaces a good one)."""
+def _serialise(tree) -> bytes:
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, tree)
+    return buffer.getvalue()
+
+
+def save_checkpoint(
+    path: Path, model: eqx.Module, config: dict[str, Any], *, train_state=None, **extra
+) -> None:
+    """Write `model`, its `config` and optionally a `train_state` pytree to `path`, durably and
+    atomically (a partial file never replaces a good one)."""
     from .. import __version__
 
-    header = {"format": FORMAT, "eqattn": __version__, "config": config, **extra}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write((json.dumps(header) + "\n").encode())
-        eqx.tree_serialise_leaves(f, model)
-    os.replace(tmp, path)
+    model_bytes = _serialise(model)
+    payload = model_bytes + (b"" if train_state is None else _serialise(train_state))
+    header = {
+        "format": FORMAT,
+        "eqattn": __version__,
+        "config": config,
+        **extra,
+        "model_bytes": len(model_bytes),
+        "payload_bytes": len(payload),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }
+    atomic_write(Path(path), (json.dumps(header) + "\n").encode() + payload)
 
 
 def read_header(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
@@ -55,23 +75,55 @@ def read_header(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
             header = json.loads(f.readline().decode())
     except (UnicodeDecodeError, json.JSONDecodeError, OSError):
         header = None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
+    if not isinstance(header, dict) or header.get("format") not in _READABLE:
         raise CommandError(f"{str(path)!r} is not an eqattn checkpoint (no {FORMAT} header)")
     return path, header
 
 
-def load_checkpoint(path: str | os.PathLike, like: eqx.Module) -> eqx.Module:
-    """Read the leaves after the header into a model shaped like `like`."""
-    path = Path(path)
+def _payload(path: Path) -> tuple[dict[str, Any], bytes]:
+    """The header and the checked payload: a truncated or overwritten file is refused."""
+    path, header = read_header(path)
+    with open(path, "rb") as f:
+        f.readline()
+        payload = f.read()
+    if header["format"] != "eqattn-checkpoint-1":
+        if len(payload) != header.get("payload_bytes"):
+            raise CommandError(
+                f"checkpoint {str(path)!r} is corrupt: {len(payload)} bytes of data, its header "
+                f"says {header.get('payload_bytes')} (truncated or appended to)"
+            )
+        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+            raise CommandError(
+                f"checkpoint {str(path)!r} is corrupt: its data does not match the SHA-256 in "
+                "its header (overwritten or damaged)"
+            )
+    return header, payload
+
+
+def _deserialise(path, data: bytes, like, what: str):
+    buffer = io.BytesIO(data)
     try:
-        with open(path, "rb") as f:
-            f.readline()
-            model = eqx.tree_deserialise_leaves(f, like)
-            if f.read(1):
-                raise ValueError("trailing bytes")
-    except Exception as e:  # equinox/numpy raise various errors on truncated or foreign data
+        tree = eqx.tree_deserialise_leaves(buffer, like)
+        if buffer.read(1):
+            raise ValueError("trailing bytes")
+    except Exception as e:  # equinox/numpy raise various errors on foreign data
         raise CommandError(
-            f"checkpoint {str(path)!r} is corrupt or does not match its configuration "
+            f"checkpoint {str(path)!r}: its {what} does not match its configuration "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})"
         ) from None
-    return model
+    return tree
+
+
+def load_checkpoint(path: str | os.PathLike, like: eqx.Module) -> eqx.Module:
+    """Read the model into a pytree shaped like `like` (its checksum checked first)."""
+    header, payload = _payload(Path(path))
+    size = header.get("model_bytes", len(payload))
+    return _deserialise(path, payload[:size], like, "model")
+
+
+def load_train_state(path: str | os.PathLike, like):
+    """The training state saved after the model, shaped like `like`, and the header."""
+    header, payload = _payload(Path(path))
+    if "resume" not in header:
+        raise CommandError(f"checkpoint {str(path)!r} holds no training state to resume from")
+    return _deserialise(path, payload[header["model_bytes"] :], like, "training state"), header

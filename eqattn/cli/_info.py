@@ -19,18 +19,21 @@ def _version(package: str) -> str | None:
 
 def info() -> dict[str, Any]:
     """What `eqattn info` prints, as a dict."""
-    packages = ("eqattn", "jax", "jaxlib", "equinox", "optax", "jaxopt", "optimistix", "numpy")
+    packages = (
+        "eqattn", "jax", "jaxlib", "equinox", "optax", "jaxopt", "optimistix", "lineax", "numpy"
+    )  # fmt: skip
     extras = ("scikit-learn", "tqdm", "matplotlib")
+    found = lambda name: importlib.util.find_spec(name) is not None  # noqa: E731
     return {
         "python": platform.python_version(),
         "versions": {p: _version(p) for p in packages + extras},
         "backend": jax.default_backend(),
         "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
         "solver_backends": {
-            # eqattn's fixed-point solvers are its own; jaxopt supplies the Krylov adjoint solvers.
             "eqattn (Picard, Anderson, Broyden)": True,
-            "jaxopt (GMRES, BiCGStab, NormalCG)": importlib.util.find_spec("jaxopt") is not None,
-            "optimistix (not wired in yet)": importlib.util.find_spec("optimistix") is not None,
+            "jaxopt (eqattn.JaxoptSolver)": found("jaxopt"),
+            "optimistix (fixed-point solvers, root finders)": found("optimistix"),
+            "lineax (GMRES, BiCGStab, NormalCG backward solves)": found("lineax"),
         },
     }
 

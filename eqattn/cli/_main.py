@@ -115,6 +115,16 @@ def parser() -> argparse.ArgumentParser:
         "--out", default="runs/digits", help="output directory (checkpoint.eqx, metrics.json)"
     )
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="if --out holds a run, move it into --out/replaced-<time>/ and start afresh",
+    )
+    tr.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last full epoch (its saved settings)",
+    )
 
     ev = sub.add_parser(
         "evaluate", help="test accuracy of a checkpoint and its test-time compute knob"
@@ -156,7 +166,14 @@ def _cmd_train(a) -> None:
     args = vars(a)
     model_config = ModelConfig(**{k: v for k, v in args.items() if k in model_fields})
     config = TrainConfig(**{k: v for k, v in args.items() if k in train_fields})
-    metrics = train(model_config, config, a.out, progress=False if a.no_progress else None)
+    metrics = train(
+        model_config,
+        config,
+        a.out,
+        progress=False if a.no_progress else None,
+        overwrite=a.overwrite,
+        resume=a.resume,
+    )
     steps = (
         f" | solver steps {metrics['test_mean_solver_steps']:.1f} (mean), "
         f"{metrics['test_converged']:.1%} converged"

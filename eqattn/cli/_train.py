@@ -18,9 +18,10 @@ import numpy as np
 import optax
 
 from .. import data
-from ._checkpoint import FILENAME, save_checkpoint, writable_dir
+from ._checkpoint import FILENAME, load_train_state, read_header, save_checkpoint
 from ._errors import CommandError, Interrupted
 from ._models import NUM_CLASSES, ModelConfig, build_model, predict
+from ._run import RunDirectory, atomic_write, failpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,15 +139,43 @@ def train(
     out_dir: str | Path,
     *,
     progress: bool | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train, checkpoint every epoch to `out_dir/checkpoint.eqx`, write `out_dir/metrics.json`.
 
-    `progress`: a tqdm bar on stderr (`None`: only when stderr is a terminal). Returns the metrics. Ctrl-C saves the model as it stands and raises `Interrupted`; a loss
-    that turns NaN raises `CommandError` (the last epoch's checkpoint stays).
+    The directory is locked for the run; one that holds a run is refused unless `overwrite`
+    (the old run is moved into `replaced-<time>/`) or `resume` (the run continues from its last
+    epoch boundary with its saved configuration, optimizer state, data order and random keys, and
+    ends where the uninterrupted run would; `model_config` and `config` are then ignored).
+    Every file is written atomically and durably.
+
+    `progress`: a tqdm bar on stderr (`None`: only when stderr is a terminal). Returns the metrics.
+    Ctrl-C saves the model as it stands (and the last epoch boundary's state, for `--resume`) and
+    raises `Interrupted`; a loss that turns NaN raises `CommandError` (the last epoch's
+    checkpoint stays).
     """
+    with RunDirectory(out_dir, overwrite=overwrite, resume=resume) as run:
+        if run.moved_to is not None:
+            print(f"moved the previous run to {run.moved_to}", file=sys.stderr)
+        return _train(model_config, config, run.path, progress=progress, resume=resume)
+
+
+def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    out = writable_dir(out_dir)
+    ckpt = out / FILENAME
+    header = None
+    if resume:
+        _, header = read_header(ckpt)
+        if "resume" not in header:
+            raise CommandError(f"checkpoint {str(ckpt)!r} holds no training state to resume from")
+        model_config = ModelConfig.from_dict(header["config"])
+        config = TrainConfig(**header["resume"]["train_config"])
+        if header["resume"]["epoch"] >= config.epochs:
+            raise CommandError(
+                f"the run in {str(out)!r} is complete ({config.epochs} epochs); nothing to resume"
+            )
     digits = data.load_digits()
     train_images, train_labels = digits.train_images, digits.train_labels
     if config.train_size is not None:
@@ -181,6 +210,17 @@ def train(
         state = eqx.filter_eval_shape(lambda: predict(model, x0[0]).fixed_point)
         fixed_points = np.zeros((n_train, *state.shape), state.dtype)
         z_batch = jnp.asarray(fixed_points[:batch])
+    history: list[dict[str, Any]] = []
+    train_time, first_epoch = 0.0, 1
+    if resume:
+        like = (model, opt_state, jax.random.key_data(key), _points(fixed_points))
+        (model, opt_state, key_data, points), _ = load_train_state(ckpt, like)
+        key = jax.random.wrap_key_data(key_data)
+        fixed_points = np.array(points) if warm else None
+        saved = header["resume"]
+        rng.bit_generator.state = saved["rng"]
+        history, train_time = saved["history"], saved["train_time_s"]
+        first_epoch = saved["epoch"] + 1
     t_compile = time.perf_counter()
     compiled = (
         eqx.filter_jit(step)
@@ -192,14 +232,33 @@ def train(
     step_temp_mb = None if memory is None else memory.temp_size_in_bytes / 2**20
     evaluate = make_evaluator()
 
-    ckpt = out / FILENAME
-    history: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
 
-    def write_metrics(status: str, epoch: int) -> dict[str, Any]:
-        """Evaluate on the test set, then save the checkpoint and metrics.json."""
+    def snapshot(epoch):
+        """What `--resume` needs to continue from the end of `epoch` (arrays are immutable, so
+        holding them costs nothing; the mutable ones are copied)."""
+        return dict(
+            arrays=(model, opt_state, jax.random.key_data(key), _points(fixed_points)),
+            resume=dict(
+                epoch=epoch,
+                rng=rng.bit_generator.state,
+                history=[dict(h) for h in history],
+                train_time_s=train_time,
+                train_config=dataclasses.asdict(config),
+            ),
+        )
+
+    boundary = snapshot(first_epoch - 1)
+
+    def write_metrics(status: str, epoch: int, at_boundary: bool) -> dict[str, Any]:
+        """Evaluate on the test set, then save the checkpoint and metrics.json (at an epoch's
+        end, with that epoch's state for `--resume`)."""
+        nonlocal boundary
         preds, steps, residual, converged = evaluate(model, test_x, None)
         acc = float(np.mean(np.asarray(preds) == digits.test_labels))  # as `evaluate` does
+        if at_boundary:
+            history[-1].update(test_accuracy=acc, time_s=train_time)
+            boundary = snapshot(epoch)
         metrics.update(
             status=status,
             epochs_done=epoch,
@@ -225,20 +284,24 @@ def train(
             ckpt,
             model,
             dataclasses.asdict(model_config),
+            train_state=boundary["arrays"],
+            resume=boundary["resume"],
             epoch=epoch,
             test_accuracy=acc,
             dtype=jnp.dtype(model.head.weight.dtype).name,
         )
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        atomic_write(out / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
         return metrics
 
     desc = f"{model_config.model} {model_config.tokens}"
     disable = (not sys.stderr.isatty()) if progress is None else not progress
     bar = tqdm(total=total, desc=desc, unit="step", disable=disable, file=sys.stderr)
-    train_time, epoch, test_acc = 0.0, 0, float("nan")
+    bar.update(steps_per_epoch * (first_epoch - 1))
+    epoch = first_epoch - 1
+    test_acc = history[-1]["test_accuracy"] if history else float("nan")
     fields = ("loss", "train_accuracy", "solver_steps", "relative_residual", "converged")
     try:
-        for epoch in range(1, config.epochs + 1):
+        for epoch in range(first_epoch, config.epochs + 1):
             bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
             t0 = time.perf_counter()
             perm = rng.permutation(n_train)
@@ -247,6 +310,7 @@ def train(
             )
             sums = np.zeros(len(fields))
             for i in range(steps_per_epoch):
+                failpoint(f"step:{epoch}:{i + 1}")
                 idx = perm[i * batch : (i + 1) * batch]
                 key, sub = jax.random.split(key)
                 z0 = fixed_points[idx] if warm else None
@@ -272,16 +336,20 @@ def train(
                 bar.update()
             train_time += time.perf_counter() - t0
             history.append(dict(epoch=epoch, **dict(zip(fields, sums / steps_per_epoch))))
-            metrics = write_metrics("done" if epoch == config.epochs else "running", epoch)
-            test_acc = history[-1]["test_accuracy"] = metrics["test_accuracy"]
-            history[-1]["time_s"] = train_time
-            (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            status = "done" if epoch == config.epochs else "running"
+            test_acc = write_metrics(status, epoch, at_boundary=True)["test_accuracy"]
     except KeyboardInterrupt:
         bar.close()
-        write_metrics("interrupted", epoch - 1)
+        write_metrics("interrupted", epoch - 1, at_boundary=False)
         raise Interrupted(
-            f"interrupted in epoch {epoch}; the model as it stood is saved: {ckpt}"
+            f"interrupted in epoch {epoch}; the model as it stood is saved: {ckpt} "
+            "(eqattn train --resume continues from the last full epoch)"
         ) from None
     finally:
         bar.close()
     return metrics
+
+
+def _points(fixed_points):
+    """The warm-start fixed points as a saved array (an empty one when not warm-starting)."""
+    return jnp.zeros((0,)) if fixed_points is None else jnp.asarray(fixed_points)

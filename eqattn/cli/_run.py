@@ -1,0 +1,140 @@
+"""A training run's directory: an exclusive lock, durable atomic writes, and never replacing a
+run by accident."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+from ._errors import CommandError
+
+LOCK = ".eqattn.lock"
+TEMP_PREFIX = ".eqattn-tmp-"
+RUN_FILES = ("checkpoint.eqx", "metrics.json")
+
+
+_HITS: dict[str, int] = {}
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def failpoint(name: str) -> None:
+    """Testing only: die by SIGKILL at the k-th time this point is reached when
+    `EQATTN_FAILPOINT` is `name@k` (or `name` for the first), so the fault tests can stop a real
+    run exactly where they mean to (mid-epoch, mid-write)."""
+    wanted = os.environ.get("EQATTN_FAILPOINT")
+    if not wanted:
+        return
+    target, _, count = wanted.partition("@")
+    if target == name:
+        _HITS[name] = _HITS.get(name, 0) + 1
+        if _HITS[name] == int(count or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that `path` holds either its old bytes or all of the new ones,
+    also after a crash or power loss: a temp file in the same directory, fsynced, renamed over
+    `path`, then the directory fsynced. The temp file never survives a normal return or error."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # as a plain open() would create it, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            half = len(data) // 2
+            f.write(data[:half])
+            f.flush()
+            failpoint(f"write:{path.name}")
+            f.write(data[half:])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+class RunDirectory:
+    """`with RunDirectory(out, overwrite=..., resume=...) as run:` holds an exclusive lock on the
+    directory (a second `eqattn train` into it exits at once, naming the holder's PID), removes
+    temp files a killed run left behind, and refuses a directory that holds a run unless
+    `resume` (continue it) or `overwrite` (move it aside into `replaced-<time>/`)."""
+
+    def __init__(self, out: str | os.PathLike, *, overwrite: bool = False, resume: bool = False):
+        if overwrite and resume:
+            raise CommandError("--overwrite and --resume exclude each other")
+        self.path = Path(out)
+        self.overwrite, self.resume = overwrite, resume
+        self.moved_to: Path | None = None
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunDirectory:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise CommandError(
+                f"cannot write to output directory {str(self.path)!r}: {e.strerror}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise CommandError(
+                    f"{str(self.path)!r} is in use by another eqattn train (PID {holder})"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        try:
+            self._prepare()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _prepare(self) -> None:
+        for stale in self.path.glob(TEMP_PREFIX + "*"):  # left by a killed run
+            stale.unlink(missing_ok=True)
+        present = [name for name in RUN_FILES if (self.path / name).exists()]
+        if self.resume:
+            if "checkpoint.eqx" not in present:
+                raise CommandError(f"nothing to resume: no checkpoint in {str(self.path)!r}")
+            return
+        if not present:
+            return
+        if not self.overwrite:
+            raise CommandError(
+                f"{str(self.path)!r} holds a run ({', '.join(present)}); pass --resume to "
+                "continue it, --overwrite to move it aside, or another --out"
+            )
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        target = self.path / f"replaced-{stamp}"
+        target.mkdir()
+        for name in present:
+            os.replace(self.path / name, target / name)
+        _fsync_dir(self.path)
+        self.moved_to = target
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
