@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -319,17 +320,33 @@ SECTIONS = {
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--quick", action="store_true", help="report the --quick runs' results (tiny sizes) only"
+    )
     parser.add_argument("suites", nargs="*", metavar="SUITE", help=f"of {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
     unknown = set(args.suites) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown suite(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    printed = skipped = 0
     for suite in args.suites or SECTIONS:
         for payload in _load(args.results, suite):
-            if payload["suite"].endswith("-quick"):
+            quick = payload["suite"].endswith("-quick")
+            if quick != args.quick:
+                skipped += 1
                 continue
-            print(f"### {suite}: {_source(payload)}\n")
+            mark = " (--quick: tiny sizes, not for comparison)" if quick else ""
+            print(f"### {suite}: {_source(payload)}{mark}\n")
             print(SECTIONS[suite](payload) + "\n")
+            printed += 1
+    if not printed:
+        why = (
+            f"only {'full' if args.quick else '--quick'} results there"
+            + ("" if args.quick else "; pass --quick to print those")
+            if skipped
+            else "no result files; run `python -m benchmarks [SUITE ...]` first"
+        )
+        print(f"nothing to report from {args.results}: {why}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.mark.slow
-def test_quick_benchmarks_run(tmp_path):
+def test_quick_benchmarks_run(tmp_path, capsys):
     # Every suite (the default), on 2 CPU devices so the multi-device rows run too.
     # (timings are not checked here, so the suite's fast-compile flag applies too)
     flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
@@ -61,6 +61,16 @@ def test_quick_benchmarks_run(tmp_path):
     assert implicit[0] == implicit[-1] and unrolled[-1] > unrolled[0]  # flat vs growing
     scaling = json.loads(next(tmp_path.glob("scaling-quick*.json")).read_text())
     assert [r["devices"] for r in scaling["rows"] if r["part"] == "devices"] == [1, 2]
+
+    # the report prints quick results with --quick (marked), and says why it prints nothing
+    from benchmarks.report import main as report
+
+    report(["--results", str(tmp_path), "--quick"])
+    out = capsys.readouterr().out
+    assert out.count("(--quick: tiny sizes") == len(SUITES)
+    report(["--results", str(tmp_path)])
+    printed = capsys.readouterr()
+    assert printed.out == "" and "pass --quick to print those" in printed.err
 
     pytest.importorskip("matplotlib")
     from benchmarks.plot import main as plot

@@ -99,7 +99,7 @@ def test_overwrite_moves_the_old_run_aside_and_resume_of_a_finished_run(referenc
     assert (moved / "checkpoint.eqx").read_bytes() == (reference / "checkpoint.eqx").read_bytes()
     assert json.loads((out / "metrics.json").read_text())["epochs_done"] == 1
     both = _train(out, "--overwrite", "--resume")
-    assert both.returncode == 1 and "exclude each other" in _one_line(both.stderr)
+    assert both.returncode == 2 and "exclude each other" in _one_line(both.stderr)
     nothing = _train(tmp_path / "empty", "--resume")
     assert nothing.returncode == 1 and "nothing to resume" in _one_line(nothing.stderr)
 
@@ -143,3 +143,85 @@ def test_damaged_checkpoints_are_refused(reference, tmp_path, capsys, damage):
     code = main(["evaluate", "--checkpoint", str(path)])
     _, err = capsys.readouterr()
     assert code == 1 and "corrupt" in _one_line(err) and str(path) in err
+
+
+BAD_OPTIONS = [
+    (["train", "--lr", "nan"], "--lr must be finite and > 0"),
+    (["train", "--lr", "-1"], "--lr must be finite and > 0"),
+    (["train", "--lr", "inf"], "--lr must be finite and > 0"),
+    (["train", "--epochs", "0"], "--epochs must be >= 1"),
+    (["train", "--weight-decay", "inf"], "--weight-decay must be finite and >= 0"),
+    (["train", "--clip", "nan"], "--clip must be finite and >= 0"),
+    (["train", "--rtol", "nan"], "--rtol must be finite and > 0"),
+    (["train", "--dropout", "1"], "--dropout must be in [0, 1)"),
+    (["train", "--dim", "x"], "invalid int value: 'x'"),
+    (["train", "--overwrite", "--resume"], "exclude each other"),
+    (["retrieve", "--betas", "nan"], "every --betas value must be finite and > 0"),
+    (["retrieve", "--betas", "0,1"], "every --betas value must be finite and > 0"),
+    (["retrieve", "--amount", "inf", "--corruption", "noise"], "--amount must be finite"),
+    (["retrieve", "--steps", "0"], "--steps must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(
+    "argv,pattern", BAD_OPTIONS, ids=lambda x: " ".join(x) if isinstance(x, list) else None
+)
+def test_bad_option_values_are_usage_errors(argv, pattern, capsys, tmp_path):
+    """One line on stderr, no traceback, exit status 2 (as argparse gives)."""
+    try:
+        code = main([*argv, "--out", str(tmp_path / "out")])
+    except SystemExit as e:  # argparse's own checks
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and pattern in _one_line(err), (code, err)
+
+
+def test_failures_exit_1_and_debug_shows_the_traceback(reference, tmp_path, capsys):
+    cases = [
+        (["evaluate", "--checkpoint", str(tmp_path / "missing.eqx")], "checkpoint not found"),
+        (["evaluate", "--checkpoint", str(tmp_path)], "checkpoint not found"),
+    ]
+    garbage = tmp_path / "garbage.eqx"
+    garbage.write_bytes(b"{}\n" + bytes(64))
+    cases.append((["evaluate", "--checkpoint", str(garbage)], "not an eqattn checkpoint"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cases.append((["train", *TINY, "--out", str(blocker / "run")], "cannot write"))
+    cases.append((["retrieve", "--out", str(blocker / "run")], "cannot write"))
+    if os.geteuid() != 0:  # root reads any file
+        unreadable = tmp_path / "unreadable.eqx"
+        unreadable.write_bytes((reference / "checkpoint.eqx").read_bytes())
+        unreadable.chmod(0)
+        cases.append((["evaluate", "--checkpoint", str(unreadable)], "not an eqattn checkpoint"))
+    for argv, pattern in cases:
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 1 and pattern in _one_line(err), (argv, err)
+    shown = subprocess.run(
+        [sys.executable, "-m", "eqattn", "--debug", "evaluate", "--checkpoint", "missing.eqx"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert shown.returncode == 1 and "Traceback" in shown.stderr and "CommandError" in shown.stderr
+    via_env = subprocess.run(
+        [sys.executable, "-m", "eqattn", "evaluate", "--checkpoint", "missing.eqx"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "EQATTN_DEBUG": "1"},
+        timeout=120,
+    )
+    assert "Traceback" in via_env.stderr
+
+
+def test_plain_lines_off_a_terminal_and_the_wall_time_split(tmp_path):
+    result = _train(tmp_path, *TINY[:-2], "--epochs", "2")  # stdout is a pipe here
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["epoch 1/2", "epoch 2/2"]
+    assert "test accuracy" in lines[0] and "\r" not in result.stderr  # no progress bar
+    split = json.loads((tmp_path / "metrics.json").read_text())["time_split_s"]
+    parts = split["startup_and_data"] + split["compile"] + split["training"] + split["evaluation"]
+    assert all(v >= 0 for v in split.values()) and abs(parts - split["total"]) < 1e-6
+    assert any(line.startswith("wall time ") for line in lines)

@@ -7,3 +7,7 @@ class CommandError(Exception):
 
 class Interrupted(Exception):
     """Training stopped by Ctrl-C after saving the model as it stood."""
+
+
+class UsageError(CommandError):
+    """A bad option value (exit status 2, as argparse gives for malformed options)."""

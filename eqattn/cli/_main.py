@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
-from ._errors import CommandError, Interrupted
+from ._errors import CommandError, Interrupted, UsageError
 from ._models import ADJOINTS, SOLVERS, ModelConfig
 
 
@@ -35,6 +36,11 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="eqattn", description="Equilibrium attention on the scikit-learn digits.")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the Python traceback of an error (also: EQATTN_DEBUG=1)",
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     m, t = ModelConfig(), _train_defaults()
 
@@ -114,7 +120,11 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--out", default="runs/digits", help="output directory (checkpoint.eqx, metrics.json)"
     )
-    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="one plain line per epoch instead of a progress bar (the default off a terminal)",
+    )
     tr.add_argument(
         "--overwrite",
         action="store_true",
@@ -149,6 +159,10 @@ def parser() -> argparse.ArgumentParser:
     re.add_argument("--out", default="runs/retrieval", help="output directory (retrieval.png)")
 
     sub.add_parser("info", help="versions, devices and solver backends")
+    for command in sub.choices.values():  # --help shows every default
+        for action in command._actions:
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                action.help = (action.help or "") + " (default: %(default)s)"
     return p
 
 
@@ -170,7 +184,7 @@ def _cmd_train(a) -> None:
         model_config,
         config,
         a.out,
-        progress=False if a.no_progress else None,
+        progress="lines" if a.no_progress else None,
         overwrite=a.overwrite,
         resume=a.resume,
     )
@@ -188,6 +202,12 @@ def _cmd_train(a) -> None:
         f"{metrics['params']:,} params"
         + ("" if mem is None else f" | train-step memory {mem:.1f} MB")
         + steps
+    )
+    split = metrics["time_split_s"]
+    print(
+        f"wall time {split['total']:.0f} s: start-up and data {split['startup_and_data']:.0f} s, "
+        f"compile {split['compile']:.0f} s, training {split['training']:.0f} s, evaluation "
+        f"{split['evaluation']:.0f} s"
     )
     print(f"checkpoint: {metrics['checkpoint']}")
     print(f"metrics:    {a.out.rstrip('/')}/metrics.json")
@@ -254,8 +274,10 @@ def _cmd_info(a) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    """Run the command; returns the exit status (0 ok, 1 failure, 2 bad usage, 130 interrupted).
+    Errors are one line on stderr; `--debug` or `EQATTN_DEBUG=1` raises them with a traceback."""
     args = parser().parse_args(argv)
+    debug = args.debug or os.environ.get("EQATTN_DEBUG", "") not in ("", "0")
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C must reach the training loop (which saves a checkpoint) even when this process
         # was started with SIGINT ignored, as background jobs of a shell are.
@@ -267,7 +289,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "retrieve": _cmd_retrieve,
             "info": _cmd_info,
         }[args.command](args)
+    except UsageError as e:
+        if debug:
+            raise
+        print(
+            f"eqattn {args.command}: error: {e} (see eqattn {args.command} --help)", file=sys.stderr
+        )
+        return 2
     except (CommandError, ImportError) as e:
+        if debug:
+            raise
         print(f"eqattn {args.command}: error: {e}", file=sys.stderr)
         return 1
     except Interrupted as e:
@@ -276,4 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"eqattn {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, or a failure nobody foresaw: one line unless debugging
+        if debug:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "no detail"
+        print(
+            f"eqattn {args.command}: internal error: {type(e).__name__}: {first} "
+            "(--debug or EQATTN_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
@@ -20,7 +21,7 @@ from .._solve import (
     SharedInverse,
     Unrolled,
 )
-from ._errors import CommandError
+from ._errors import UsageError
 
 SOLVERS = {"anderson": Anderson, "picard": Picard, "broyden": Broyden}
 ADJOINTS = ("implicit", "phantom", "jacobian-free", "unrolled", "shared-inverse")
@@ -53,31 +54,31 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.model not in ("deq", "explicit"):
-            raise CommandError(f"--model must be 'deq' or 'explicit'; got {self.model!r}")
+            raise UsageError(f"--model must be 'deq' or 'explicit'; got {self.model!r}")
         if self.solver not in SOLVERS:
-            raise CommandError(f"--solver must be one of {', '.join(SOLVERS)}; got {self.solver!r}")
+            raise UsageError(f"--solver must be one of {', '.join(SOLVERS)}; got {self.solver!r}")
         if self.adjoint not in ADJOINTS:
-            raise CommandError(
+            raise UsageError(
                 f"--adjoint must be one of {', '.join(ADJOINTS)}; got {self.adjoint!r}"
             )
         if self.backward_solver not in SOLVERS:
-            raise CommandError(
+            raise UsageError(
                 f"--backward-solver must be one of {', '.join(SOLVERS)}; got "
                 f"{self.backward_solver!r}"
             )
         if self.backward_steps is not None and self.backward_steps < 1:
-            raise CommandError(f"--backward-steps must be >= 1; got {self.backward_steps}")
+            raise UsageError(f"--backward-steps must be >= 1; got {self.backward_steps}")
         for name in ("dim", "heads", "depth", "max_steps"):
             if getattr(self, name) < 1:
-                raise CommandError(
+                raise UsageError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
                 )
         if self.dim % self.heads:
-            raise CommandError(f"--dim ({self.dim}) must be divisible by --heads ({self.heads})")
+            raise UsageError(f"--dim ({self.dim}) must be divisible by --heads ({self.heads})")
         if not 0 <= self.dropout < 1:
-            raise CommandError(f"--dropout must be in [0, 1); got {self.dropout}")
-        if not self.rtol > 0:
-            raise CommandError(f"--rtol must be > 0; got {self.rtol}")
+            raise UsageError(f"--dropout must be in [0, 1); got {self.dropout}")
+        if not (self.rtol > 0 and math.isfinite(self.rtol)):
+            raise UsageError(f"--rtol must be finite and > 0; got {self.rtol}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:

@@ -10,7 +10,9 @@ patterns (H. Ramsauer et al., "Hopfield Networks is All You Need", 2020).
 
 from __future__ import annotations
 
+import io
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +23,8 @@ import numpy as np
 from .. import data
 from .._hopfield import hopfield_update
 from ._checkpoint import writable_dir
-from ._errors import CommandError
+from ._errors import CommandError, UsageError
+from ._run import atomic_write
 
 BETAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
@@ -66,13 +69,15 @@ def retrieve(
     digits = data.load_digits()
     images, labels = digits.train_images, digits.train_labels
     if not 1 <= patterns <= len(images):
-        raise CommandError(f"--patterns must be in [1, {len(images)}]; got {patterns}")
-    if steps < 1 or not betas or min(betas) <= 0:
-        raise CommandError("--steps must be >= 1 and every --betas value > 0")
+        raise UsageError(f"--patterns must be in [1, {len(images)}]; got {patterns}")
+    if steps < 1:
+        raise UsageError(f"--steps must be >= 1; got {steps}")
+    if not betas or not all(math.isfinite(b) and b > 0 for b in betas):
+        raise UsageError(f"every --betas value must be finite and > 0; got {list(betas)}")
     if corruption == "mask" and not 0 <= amount < 1:
-        raise CommandError(f"--amount for 'mask' is a fraction in [0, 1); got {amount}")
-    if amount < 0:
-        raise CommandError(f"--amount must be >= 0; got {amount}")
+        raise UsageError(f"--amount for 'mask' is a fraction in [0, 1); got {amount}")
+    if not (amount >= 0 and math.isfinite(amount)):
+        raise UsageError(f"--amount must be finite and >= 0; got {amount}")
     out = writable_dir(out_dir) if plot else None
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(images), patterns, replace=False)
@@ -112,7 +117,7 @@ def retrieve(
         scale = float(np.median(np.linalg.norm(centred, axis=-1)))
         views = [mean + scale * v for v in (queries, results[best["beta"]], stored)]
         report["figure"] = str(_plot(out / "retrieval.png", *views, best["beta"]))
-        (out / "retrieval.json").write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write(out / "retrieval.json", (json.dumps(report, indent=2) + "\n").encode())
     return report
 
 
@@ -138,6 +143,8 @@ def _plot(path: Path, queries, retrieved, stored, beta, columns: int = 8) -> Pat
         axes[row, 0].set_ylabel(name.split(",")[0], fontsize=9)
     fig.suptitle(f"Hopfield retrieval of digits (beta = {beta:g})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=80, format="png")
+    atomic_write(path, buffer.getvalue())
     plt.close(fig)
     return path

@@ -11,7 +11,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from ._errors import CommandError
+from ._errors import CommandError, UsageError
 
 LOCK = ".eqattn.lock"
 TEMP_PREFIX = ".eqattn-tmp-"
@@ -76,7 +76,7 @@ class RunDirectory:
 
     def __init__(self, out: str | os.PathLike, *, overwrite: bool = False, resume: bool = False):
         if overwrite and resume:
-            raise CommandError("--overwrite and --resume exclude each other")
+            raise UsageError("--overwrite and --resume exclude each other")
         self.path = Path(out)
         self.overwrite, self.resume = overwrite, resume
         self.moved_to: Path | None = None

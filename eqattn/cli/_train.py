@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -19,7 +20,7 @@ import optax
 
 from .. import data
 from ._checkpoint import FILENAME, load_train_state, read_header, save_checkpoint
-from ._errors import CommandError, Interrupted
+from ._errors import CommandError, Interrupted, UsageError
 from ._models import NUM_CLASSES, ModelConfig, build_model, predict
 from ._run import RunDirectory, atomic_write, failpoint
 
@@ -48,21 +49,21 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
-                raise CommandError(
+                raise UsageError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
                 )
-        if not self.lr > 0:
-            raise CommandError(f"--lr must be > 0; got {self.lr}")
-        if self.shift < 0 or self.weight_decay < 0 or self.clip < 0:
-            raise CommandError("--shift, --weight-decay and --clip must be >= 0")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UsageError(f"--lr must be finite and > 0; got {self.lr}")
+        for name in ("shift", "weight_decay", "clip", "jacobian_weight"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise UsageError(f"--{name.replace('_', '-')} must be finite and >= 0; got {value}")
         if not 0 <= self.label_smoothing < 1:
-            raise CommandError(f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
+            raise UsageError(f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
         if self.train_size is not None and self.train_size < 1:
-            raise CommandError(f"--train-size must be >= 1; got {self.train_size}")
-        if not self.jacobian_weight >= 0:
-            raise CommandError(f"--jacobian-weight must be >= 0; got {self.jacobian_weight}")
+            raise UsageError(f"--train-size must be >= 1; got {self.train_size}")
         if self.train_steps is not None and self.train_steps < 1:
-            raise CommandError(f"--train-steps must be >= 1; got {self.train_steps}")
+            raise UsageError(f"--train-steps must be >= 1; got {self.train_steps}")
 
 
 def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndarray:
@@ -138,7 +139,7 @@ def train(
     config: TrainConfig,
     out_dir: str | Path,
     *,
-    progress: bool | None = None,
+    progress: bool | str | None = None,
     overwrite: bool = False,
     resume: bool = False,
 ) -> dict[str, Any]:
@@ -150,7 +151,10 @@ def train(
     ends where the uninterrupted run would; `model_config` and `config` are then ignored).
     Every file is written atomically and durably.
 
-    `progress`: a tqdm bar on stderr (`None`: only when stderr is a terminal). Returns the metrics.
+    `progress`: `True` or `"bar"`, a tqdm bar on stderr; `"lines"`, one plain line per epoch on
+    stdout; `False`, neither; `None` (default), the bar when stderr is a terminal, else the lines.
+    Returns the metrics, with the run's wall time split into start-up and data, compile, training
+    and evaluation (`time_split_s`).
     Ctrl-C saves the model as it stands (and the last epoch boundary's state, for `--resume`) and
     raises `Interrupted`; a loss that turns NaN raises `CommandError` (the last epoch's
     checkpoint stays).
@@ -161,9 +165,24 @@ def train(
         return _train(model_config, config, run.path, progress=progress, resume=resume)
 
 
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux), for the start-up share of the wall time."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
+    t_enter = time.perf_counter()
+    before = _process_age() or 0.0  # interpreter start-up and imports
+    eval_s = 0.0
     ckpt = out / FILENAME
     header = None
     if resume:
@@ -253,9 +272,12 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
     def write_metrics(status: str, epoch: int, at_boundary: bool) -> dict[str, Any]:
         """Evaluate on the test set, then save the checkpoint and metrics.json (at an epoch's
         end, with that epoch's state for `--resume`)."""
-        nonlocal boundary
+        nonlocal boundary, eval_s
+        t_eval = time.perf_counter()
         preds, steps, residual, converged = evaluate(model, test_x, None)
         acc = float(np.mean(np.asarray(preds) == digits.test_labels))  # as `evaluate` does
+        eval_s += time.perf_counter() - t_eval
+        total_s = before + time.perf_counter() - t_enter
         if at_boundary:
             history[-1].update(test_accuracy=acc, time_s=train_time)
             boundary = snapshot(epoch)
@@ -271,6 +293,13 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
             test_examples=len(digits.test_labels),
             train_time_s=train_time,
             compile_time_s=compile_s,
+            time_split_s=dict(
+                startup_and_data=total_s - compile_s - train_time - eval_s,
+                compile=compile_s,
+                training=train_time,
+                evaluation=eval_s,
+                total=total_s,
+            ),
             step_temp_memory_mb=step_temp_mb,
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             device=str(jax.devices()[0].device_kind),
@@ -294,8 +323,12 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
         return metrics
 
     desc = f"{model_config.model} {model_config.tokens}"
-    disable = (not sys.stderr.isatty()) if progress is None else not progress
-    bar = tqdm(total=total, desc=desc, unit="step", disable=disable, file=sys.stderr)
+    if progress is None:
+        progress = "bar" if sys.stderr.isatty() else "lines"
+    progress = {True: "bar", False: "off"}.get(progress, progress)
+    if progress not in ("bar", "lines", "off"):
+        raise ValueError(f"`progress` must be a bool, 'bar', 'lines' or None; got {progress!r}")
+    bar = tqdm(total=total, desc=desc, unit="step", disable=progress != "bar", file=sys.stderr)
     bar.update(steps_per_epoch * (first_epoch - 1))
     epoch = first_epoch - 1
     test_acc = history[-1]["test_accuracy"] if history else float("nan")
@@ -338,6 +371,16 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
             history.append(dict(epoch=epoch, **dict(zip(fields, sums / steps_per_epoch))))
             status = "done" if epoch == config.epochs else "running"
             test_acc = write_metrics(status, epoch, at_boundary=True)["test_accuracy"]
+            if progress == "lines":
+                h = history[-1]
+                deq = model_config.model == "deq"
+                solver = f", solver steps {h['solver_steps']:.1f}" if deq else ""
+                print(
+                    f"epoch {epoch}/{config.epochs}: loss {h['loss']:.4f}, train accuracy "
+                    f"{h['train_accuracy']:.2%}, test accuracy {test_acc:.2%}{solver} "
+                    f"({time.perf_counter() - t0:.1f} s)",
+                    flush=True,
+                )
     except KeyboardInterrupt:
         bar.close()
         write_metrics("interrupted", epoch - 1, at_boundary=False)
