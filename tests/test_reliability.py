@@ -139,6 +139,16 @@ def test_nan_input_gives_nan_output_and_says_so():
     eq = layer.equilibrium(x)
     assert eq.result == eqattn.RESULTS.nonfinite and not bool(eq.converged)
     assert np.all(np.isnan(layer(x)))
+    # the other equilibrium layers, NaN or inf in an input
+    key, y = jax.random.key(0), jax.random.normal(jax.random.key(2), (7, 8))
+    bad = x.at[2, 3].set(jnp.inf)
+    for call in (
+        lambda: eqattn.nn.DEQBlock(8, 2, key=key)(x, inference=True),
+        lambda: eqattn.nn.EnergyAttention(8, 2, key=key)(bad),
+        lambda: eqattn.nn.Hopfield(8, 8, 2, key=key)(x, y),
+        lambda: eqattn.nn.Hopfield(8, 8, 2, key=key)(y[:5], bad),  # in the stored patterns
+    ):
+        assert np.all(np.isnan(call()))
     strict = eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0), throw=True)
     with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge"):
         jax.block_until_ready(eqx.filter_jit(strict)(x))
