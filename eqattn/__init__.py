@@ -5,6 +5,7 @@ import importlib.metadata
 from . import nn as nn
 from ._attention import (
     attention as attention,
+    attention_weights as attention_weights,
     attention_with_lse as attention_with_lse,
     log_normalizer as log_normalizer,
     merge_heads as merge_heads,

@@ -144,6 +144,34 @@ def attention(
     )[0]
 
 
+def attention_weights(
+    queries: Float[ArrayLike, "*#batch n d"],
+    keys: Float[ArrayLike, "*#batch m d"],
+    *,
+    beta: float | Float[ArrayLike, "*#batch"] = 1.0,
+    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    implementation: Implementation = "auto",
+) -> Float[Array, "*batch n m"]:
+    r"""The attention (association) weights $p_{ij} = \exp(eta\, q_i\cdot k_j - A(q_i))$, with
+    the log-normalizer $A$ from [`eqattn.log_normalizer`][]: one $n 	imes m$ pass, for
+    inspecting what attends to what. Masked entries and fully masked rows are 0. Arguments as in
+    [`eqattn.attention_with_lse`][].
+
+    **Returns:** `[..., n, m]`.
+    """
+    queries, keys = jnp.asarray(queries), jnp.asarray(keys)
+    lse = log_normalizer(queries, keys, beta=beta, mask=mask, implementation=implementation)
+    b = jnp.asarray(beta, jnp.promote_types(lse.dtype, jnp.float32))[..., None, None]
+    logits = b * jnp.einsum("...nd,...md->...nm", queries, keys, preferred_element_type=b.dtype)
+    keep = (
+        jnp.isfinite(lse)[..., None]
+        if mask is None
+        else jnp.asarray(mask) & jnp.isfinite(lse)[..., None]
+    )
+    safe = jnp.where(jnp.isfinite(lse), lse, 0).astype(b.dtype)[..., None]
+    return jnp.where(keep, jnp.exp(logits - safe), 0).astype(lse.dtype)
+
+
 def split_heads(x: Float[ArrayLike, "*batch n hd"], num_heads: int) -> Float[Array, "*batch h n d"]:
     """`[..., n, heads * d]` -> `[..., heads, n, d]`."""
     x = jnp.asarray(x)

@@ -43,3 +43,39 @@ def test_split_and_merge_heads(rng):
         eqattn.split_heads(x, 5)
     with pytest.raises(ValueError, match="heads, n, head_dim"):
         eqattn.merge_heads(x[0])
+
+
+def _softmax_reference(q, k, beta, mask):
+    s = np.einsum("...nd,...md->...nm", q, k) * np.asarray(beta, np.float64)[..., None, None]
+    s = np.where(mask, s, -np.inf)
+    top = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(top), top, 0))
+    total = e.sum(-1, keepdims=True)
+    return np.where(total > 0, e / np.where(total > 0, total, 1), 0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0], ids=["normal", "huge-logits"])
+def test_attention_weights_against_numpy(scale):
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=(2, 3, 5, 4)) * scale, rng.normal(size=(2, 3, 7, 4)) * scale
+    beta = np.array([0.5, 1.0, 2.0]) * np.ones((2, 1))  # per batch element and head
+    mask = rng.random((2, 1, 5, 7)) > 0.3
+    mask[0, 0, 1] = False  # a row that sees nothing
+    p = eqattn.attention_weights(q, k, beta=beta, mask=mask)
+    ref = _softmax_reference(q, k, beta, mask)
+    np.testing.assert_allclose(p, ref, atol=1e-12)
+    assert np.all(p[0, :, 1] == 0)
+    # the weights are what attention averages with
+    v = rng.normal(size=(2, 3, 7, 3))
+    np.testing.assert_allclose(
+        np.einsum("...nm,...md->...nd", p, v),
+        eqattn.attention(q, k, v, beta=beta, mask=mask),
+        atol=1e-10,
+    )
+    low = eqattn.attention_weights(
+        jnp.asarray(q / scale, jnp.bfloat16), jnp.asarray(k / scale, jnp.bfloat16), mask=mask
+    )
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(low, np.float64), _softmax_reference(q / scale, k / scale, 1.0, mask), atol=2e-2
+    )

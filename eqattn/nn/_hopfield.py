@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._attention import attention, merge_heads, split_heads
+from .._attention import attention, attention_weights, merge_heads, split_heads
 from .._hopfield import hopfield_energy
 from .._renorm import renormalize
 from .._solve import (
@@ -188,8 +188,7 @@ class Hopfield(AbstractEquilibriumLayer):
         """The softmax (association) matrix $\\mathrm{softmax}(\\beta K\\xi^*)$ per head."""
         q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
         xi = self._solve(q0, k, mask, None).value
-        eye = jnp.broadcast_to(jnp.eye(k.shape[-2], dtype=k.dtype), k.shape[:-1] + (k.shape[-2],))
-        return attention(xi, k, eye, beta=self.attention.beta, mask=mask)
+        return attention_weights(xi, k, beta=self.attention.beta, mask=mask)
 
 
 class HopfieldPooling(eqx.Module):

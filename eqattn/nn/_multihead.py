@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._attention import attention, merge_heads, split_heads
+from .._attention import attention, attention_weights, merge_heads, split_heads
 from .._core import Implementation, check_implementation
 
 
@@ -132,9 +132,4 @@ class MultiHeadAttention(eqx.Module):
     def association(self, queries, keys, *, mask=None) -> Float[Array, "heads n m"]:
         """The softmax (association) matrix per head."""
         q, k = self.project(queries, keys)
-        # attention with identity values returns the weights themselves (through the one core;
-        # a fully masked row gives zeros).
-        eye = jnp.eye(k.shape[-2], dtype=k.dtype)
-        return attention(
-            q, k, jnp.broadcast_to(eye, k.shape[:-1] + eye.shape[-1:]), beta=self.beta, mask=mask
-        )
+        return attention_weights(q, k, beta=self.beta, mask=mask)  # a fully masked row is 0
