@@ -29,7 +29,7 @@ from .._renorm import renormalize
 from .._solve import (
     AbstractAdjoint,
     AbstractFixedPointSolver,
-    Anderson,
+    Picard,
 )
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import default_adjoint
@@ -54,7 +54,11 @@ class Hopfield(AbstractEquilibriumLayer):
       `normalize_projected`: renormalize the projected patterns per head.
     - `output_projection`: apply $W_o$ (else the heads' outputs are concatenated).
     - `injection`: $\\alpha > 0$ above.
-    - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][].
+    - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
+      iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
+      matmul precision can resolve): the concave-convex update never increases the energy, so it
+      stays in the basin it starts in and reaches the fixed point that repeated updates reach,
+      where an accelerated solver (Anderson's extrapolation) can jump to another one.
 
     `layer(state [n, state_dim], stored [m, stored_dim], *, association_mask=None,
     padding_mask=None) -> [n, out_dim]`; `association_mask` broadcasts to `[n, m]` and
@@ -112,7 +116,9 @@ class Hopfield(AbstractEquilibriumLayer):
         self.stored_norm = eqx.nn.LayerNorm(stored_dim, dtype=dtype) if normalize_stored else None
         self.normalize_projected = normalize_projected
         self.injection = injection
-        self.solver = Anderson(rtol=precision_rtol(1e-4, dtype)) if solver is None else solver
+        self.solver = (
+            Picard(rtol=precision_rtol(1e-4, dtype), max_steps=500) if solver is None else solver
+        )
         self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
         self.throw = throw
         self.state_dim = state_dim
