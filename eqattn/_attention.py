@@ -163,11 +163,9 @@ def attention_weights(
     lse = log_normalizer(queries, keys, beta=beta, mask=mask, implementation=implementation)
     b = jnp.asarray(beta, jnp.promote_types(lse.dtype, jnp.float32))[..., None, None]
     logits = b * jnp.einsum("...nd,...md->...nm", queries, keys, preferred_element_type=b.dtype)
-    keep = (
-        jnp.isfinite(lse)[..., None]
-        if mask is None
-        else jnp.asarray(mask) & jnp.isfinite(lse)[..., None]
-    )
+    keep = jnp.isfinite(lse)[..., None]  # fully masked rows are 0
+    if mask is not None:
+        keep = keep & jnp.asarray(mask)
     safe = jnp.where(jnp.isfinite(lse), lse, 0).astype(b.dtype)[..., None]
     return jnp.where(keep, jnp.exp(logits - safe), 0).astype(lse.dtype)
 

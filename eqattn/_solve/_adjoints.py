@@ -44,6 +44,7 @@ adjoint defines; `fixed_point` unravels it and applies `throw` to the forward.
 from __future__ import annotations
 
 import abc
+import dataclasses
 
 import equinox as eqx
 import jax
@@ -57,6 +58,7 @@ from ._solvers import (
     AbstractFixedPointSolver,
     Anderson,
     Broyden,
+    _norm,
     equilibrium,
     iterate,
     iterate_unrolled,
@@ -74,22 +76,11 @@ class AbstractAdjoint(eqx.Module):
 
 
 def _with_value(eq: Equilibrium, value) -> Equilibrium:
-    return Equilibrium(
-        value=value,
-        steps=eq.steps,
-        residual=eq.residual,
-        relative_residual=eq.relative_residual,
-        converged=eq.converged,
-        result=eq.result,
-    )
+    return dataclasses.replace(eq, value=value)
 
 
 def _stop(params):
     return jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, params)
-
-
-def _norm(x):
-    return jnp.sqrt(jnp.sum(x * x))
 
 
 def default_linear_solver(solve: Forward) -> AbstractFixedPointSolver:

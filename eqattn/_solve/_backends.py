@@ -14,6 +14,7 @@ Adding a backend means adding a branch here (and to `tolerances`), not touching 
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ from jax import lax
 from jaxtyping import Array, Int
 
 from ._equilibrium import RESULTS, Equilibrium
-from ._solvers import AbstractFixedPointSolver, equilibrium, iterate
+from ._solvers import AbstractFixedPointSolver, _norm, equilibrium, iterate
 
 with warnings.catch_warnings():
     # jaxopt is archived upstream and warns on import; it is used only behind this interface.
@@ -36,10 +37,6 @@ with warnings.catch_warnings():
     from jaxopt import linear_solve as _jaxopt_linear
 
 _OPTX_MAX_STEPS = 256  # optx.fixed_point's own default
-
-
-def _norm(x):
-    return jnp.sqrt(jnp.sum(x * x))
 
 
 def _summary(g, x, steps, ok, result, tol=None) -> Equilibrium:
@@ -113,8 +110,6 @@ class JaxoptSolver(eqx.Module):
             )
 
     def _default(self, name):
-        import inspect
-
         return inspect.signature(self.cls).parameters[name].default
 
     @property

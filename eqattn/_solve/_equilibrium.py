@@ -31,8 +31,8 @@ class Equilibrium(eqx.Module):
 
     - `value`: $z^*$, the iterate with the lowest residual (same structure as `z0`);
       differentiable according to the adjoint.
-    - `steps`: evaluations of $f$ made (including the first, at `z0`) by eqattn's solvers;
-      the backend's own iteration count for jaxopt and Optimistix solvers.
+    - `steps`: evaluations of $f$ made (including the first, at `z0`); jaxopt's own count of
+      them for a [`eqattn.JaxoptSolver`][]; Optimistix's iteration count for its solvers.
     - `residual`: $\lVert f(z^*) - z^*\rVert_2$ (`inf` if $f$ returned NaN/Inf at every iterate).
     - `relative_residual`: `residual` $/\,\lVert f(z^*)\rVert_2$.
     - `converged`: whether the solver's test passed at $z^*$: `residual <= atol + rtol * |f(z*)|`

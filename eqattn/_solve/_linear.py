@@ -14,12 +14,8 @@ import abc
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import lineax as lx
-
-
-def _two_norm(x):
-    return jnp.sqrt(sum(jnp.sum(leaf * leaf) for leaf in jax.tree.leaves(x)))
+import optimistix as optx
 
 
 def _lineax_solve(solver, matvec, b):
@@ -52,7 +48,7 @@ class GMRES(AbstractKrylov):
         solver = lx.GMRES(
             rtol=self.rtol,
             atol=self.atol,
-            norm=_two_norm,
+            norm=optx.two_norm,
             max_steps=self.max_steps,
             restart=self.restart,
         )
@@ -68,7 +64,7 @@ class BiCGStab(AbstractKrylov):
 
     def solve(self, matvec, b):
         solver = lx.BiCGStab(
-            rtol=self.rtol, atol=self.atol, norm=_two_norm, max_steps=self.max_steps
+            rtol=self.rtol, atol=self.atol, norm=optx.two_norm, max_steps=self.max_steps
         )
         return _lineax_solve(solver, matvec, b)
 
@@ -83,5 +79,5 @@ class NormalCG(AbstractKrylov):
     max_steps: int = eqx.field(static=True, default=60)
 
     def solve(self, matvec, b):
-        inner = lx.CG(rtol=self.rtol, atol=self.atol, norm=_two_norm, max_steps=self.max_steps)
+        inner = lx.CG(rtol=self.rtol, atol=self.atol, norm=optx.two_norm, max_steps=self.max_steps)
         return _lineax_solve(lx.Normal(inner), matvec, b)

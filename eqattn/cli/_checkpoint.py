@@ -21,21 +21,6 @@ _READABLE = ("eqattn-checkpoint-1", FORMAT)  # format 1: no checksum, no trainin
 FILENAME = "checkpoint.eqx"
 
 
-def writable_dir(path: str | os.PathLike) -> Path:
-    """`path` as a directory that exists and can be written (made if needed), or a CommandError."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".eqattn-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise CommandError(
-            f"cannot write to output directory {str(path)!r}: {e.strerror}"
-        ) from None
-    return path
-
-
 def _serialise(tree) -> bytes:
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, tree)

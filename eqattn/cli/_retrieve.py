@@ -22,9 +22,8 @@ import numpy as np
 
 from .. import data
 from .._hopfield import hopfield_update
-from ._checkpoint import writable_dir
 from ._errors import CommandError, UsageError
-from ._run import atomic_write
+from ._run import atomic_write, writable_dir
 
 BETAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 

@@ -37,6 +37,21 @@ def failpoint(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def writable_dir(path: str | os.PathLike) -> Path:
+    """`path` as a directory that exists and can be written (made if needed), or a CommandError."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".eqattn-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise CommandError(
+            f"cannot write to output directory {str(path)!r}: {e.strerror}"
+        ) from None
+    return path
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -83,13 +98,8 @@ class RunDirectory:
         self._fd: int | None = None
 
     def __enter__(self) -> RunDirectory:
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise CommandError(
-                f"cannot write to output directory {str(self.path)!r}: {e.strerror}"
-            ) from None
+        writable_dir(self.path)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
