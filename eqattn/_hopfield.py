@@ -14,19 +14,36 @@ its fixed points are the stationary points of $E$.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ._attention import attention, log_normalizer
 
 
-def _check(state, patterns):
+def _check(state, patterns, mask):
     state, patterns = jnp.asarray(state), jnp.asarray(patterns)
     if state.ndim < 1 or patterns.ndim < 2 or state.shape[-1] != patterns.shape[-1]:
         raise ValueError(
             "`state` must have shape [..., d] and `patterns` shape [..., m, d] with the same d; "
             f"got state {state.shape}, patterns {patterns.shape}."
         )
-    return state, patterns
+    if mask is None:
+        return state, patterns, None
+    mask = jnp.asarray(mask)
+    m = patterns.shape[-2]
+    batch = jnp.broadcast_shapes(state.shape[:-1], patterns.shape[:-2])
+    ok = mask.dtype == jnp.bool_ and mask.ndim >= 1 and mask.shape[-1] in (1, m)
+    try:
+        ok = ok and jnp.broadcast_shapes(batch, mask.shape[:-1]) == batch
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"`mask` must be boolean with shape [..., m] broadcasting to the batch {batch} "
+            f"with m = {m} stored patterns; got {mask.dtype} {mask.shape}."
+        )
+    # Masked patterns are inert: NaN or Inf there reaches neither the result nor the gradients.
+    patterns = jnp.where(mask[..., None], patterns, 0)
+    return state, patterns, mask
 
 
 def hopfield_energy(
@@ -34,6 +51,7 @@ def hopfield_energy(
     patterns: Float[ArrayLike, "*#batch m d"],
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
+    mask: Bool[ArrayLike, "*#batch m"] | None = None,
 ) -> Float[Array, "*batch"]:
     r"""The modern Hopfield energy $E(\xi)$ above (non-negative; 0 only at a stored pattern of
     maximal norm in the limit $\beta\to\infty$).
@@ -43,19 +61,24 @@ def hopfield_energy(
     - `state`: `[..., d]`, the state pattern $\xi$.
     - `patterns`: `[..., m, d]`, the stored patterns $x_i$ as rows.
     - `beta`: inverse temperature $\beta > 0$, a number or an array broadcasting to `[...]`.
+    - `mask`: `[..., m]`, `True` for the stored patterns that take part (e.g. `False` for
+      padding); broadcasts against the batch. The energy equals that of the kept patterns alone
+      ($m$ and $M$ counting only those). With every pattern masked it is NaN (there is no
+      memory).
 
     **Returns:** `[...]`.
     """
-    state, patterns = _check(state, patterns)
+    state, patterns, mask = _check(state, patterns, mask)
     beta_ = jnp.asarray(beta)
-    lse = log_normalizer(state[..., None, :], patterns, beta=beta)[..., 0]
-    m = patterns.shape[-2]
-    max_norm_sq = jnp.max(jnp.sum(patterns * patterns, axis=-1), axis=-1)
+    core_mask = None if mask is None else mask[..., None, :]
+    lse = log_normalizer(state[..., None, :], patterns, beta=beta, mask=core_mask)[..., 0]
+    norms_sq = jnp.sum(patterns * patterns, axis=-1)  # masked patterns are zero here
+    m = patterns.shape[-2] if mask is None else jnp.sum(mask, axis=-1)
     return (
         -lse / beta_
         + 0.5 * jnp.sum(state * state, axis=-1)
         + jnp.log(m) / beta_
-        + 0.5 * max_norm_sq
+        + 0.5 * jnp.max(norms_sq, axis=-1)
     )
 
 
@@ -64,11 +87,15 @@ def hopfield_update(
     patterns: Float[ArrayLike, "*#batch m d"],
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
+    mask: Bool[ArrayLike, "*#batch m"] | None = None,
 ) -> Float[Array, "*batch d"]:
     r"""One Hopfield update $\xi \leftarrow X\,\mathrm{softmax}(\beta X^\top\xi)$, which never
-    increases [`eqattn.hopfield_energy`][]. Arguments as there.
+    increases [`eqattn.hopfield_energy`][]. Arguments as there; a masked pattern is dropped from
+    the softmax, and with every pattern masked the update is 0 (as
+    [`eqattn.attention`][] gives for a fully masked row).
 
     **Returns:** `[..., d]`.
     """
-    state, patterns = _check(state, patterns)
-    return attention(state[..., None, :], patterns, beta=beta)[..., 0, :]
+    state, patterns, mask = _check(state, patterns, mask)
+    core_mask = None if mask is None else mask[..., None, :]
+    return attention(state[..., None, :], patterns, beta=beta, mask=core_mask)[..., 0, :]

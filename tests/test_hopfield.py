@@ -60,6 +60,51 @@ def test_one_step_retrieval(rng):
     assert np.max(np.abs(retrieved - X[idx])) < 1e-6
 
 
+def test_masks_drop_the_masked_patterns(rng):
+    # Per batch element a different mask (and NaN in the masked patterns): energy, update and
+    # the energy's gradient equal the float64 reference on the kept patterns alone.
+    b, m, d = 4, 9, 5
+    X, xi = rng.normal(size=(b, m, d)), rng.normal(size=(b, d))
+    mask = rng.uniform(size=(b, m)) < 0.6
+    mask[:, 0] = True
+    poisoned = np.where(mask[..., None], X, np.nan)
+    beta = np.array([0.3, 1.0, 2.5, 7.0])
+    energy = eqattn.hopfield_energy(xi, poisoned, beta=beta, mask=mask)
+    update = eqattn.hopfield_update(xi, poisoned, beta=beta, mask=mask)
+    grad_x, grad_xi = jax.grad(
+        lambda p, s: jnp.sum(eqattn.hopfield_energy(s, p, beta=beta, mask=mask)), argnums=(0, 1)
+    )(poisoned, xi)
+    for i in range(b):
+        kept = X[i][mask[i]]
+        np.testing.assert_allclose(energy[i], _reference_energy(xi[i], kept, beta[i]), rtol=1e-12)
+        expected = kept.T @ softmax(beta[i] * kept @ xi[i])
+        np.testing.assert_allclose(update[i], expected, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(grad_xi[i], xi[i] - expected, rtol=1e-10, atol=1e-12)
+    assert np.all(grad_x[~mask] == 0) and np.all(np.isfinite(grad_x))
+    # one mask for the whole batch broadcasts; every pattern masked: update 0, energy NaN
+    shared = eqattn.hopfield_update(xi, X, beta=2.0, mask=mask[0])
+    np.testing.assert_allclose(shared[1], X[1][mask[0]].T @ softmax(2.0 * X[1][mask[0]] @ xi[1]))
+    none = np.zeros(m, bool)
+    assert np.all(eqattn.hopfield_update(xi, X, mask=none) == 0)
+    assert np.all(np.isnan(eqattn.hopfield_energy(xi, X, mask=none)))
+    with pytest.raises(ValueError, match=r"`mask` must be boolean .* m = 9 .* got float64 \(9,\)"):
+        eqattn.hopfield_update(xi, X, mask=np.ones(m))
+    with pytest.raises(ValueError, match=r"batch \(4,\) .* got bool \(3, 9\)"):
+        eqattn.hopfield_energy(xi, X, mask=np.ones((3, m), bool))
+
+
+def test_layer_energy_counts_only_unpadded_patterns(rng):
+    # Padding the stored patterns changes neither the layer's equilibrium nor its energy (the
+    # energy used to count the padded patterns).
+    layer = eqattn.nn.Hopfield(6, 5, 2, key=jax.random.key(3), dtype=jnp.float64)
+    state, stored = rng.normal(size=(3, 6)), rng.normal(size=(7, 5))
+    padded = np.concatenate([stored, np.full((2, 5), 1e3)])
+    keep = np.arange(9) < 7
+    np.testing.assert_allclose(
+        layer.energy(state, padded, padding_mask=keep), layer.energy(state, stored), rtol=1e-9
+    )
+
+
 def test_bad_shapes():
     with pytest.raises(ValueError, match=r"state \(3,\), patterns \(5, 4\)"):
         eqattn.hopfield_energy(np.ones(3), np.ones((5, 4)))

@@ -181,11 +181,11 @@ class Hopfield(AbstractEquilibriumLayer):
         self, state, stored, xi=None, *, association_mask=None, padding_mask=None
     ) -> Float[Array, ""]:
         r"""$\sum_{h, i} E_\beta(\xi_{hi}; K_h) + \frac{\alpha}{2}\lVert\xi - \xi_0\rVert^2$ at `xi`
-        (default: the equilibrium). Padding is honoured by the solve; this energy (like
-        [`eqattn.hopfield_energy`][]) counts every stored pattern."""
+        (default: the equilibrium). Each query's energy counts only the stored patterns its
+        `association_mask` and `padding_mask` keep (as the solve does)."""
         q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
         xi = self._solve(q0, k, mask, None).value if xi is None else xi
-        e = hopfield_energy(xi, k[:, None], beta=self.attention.beta[:, None])
+        e = hopfield_energy(xi, k[:, None], beta=self.attention.beta[:, None], mask=mask)
         return jnp.sum(e) + 0.5 * self.injection * jnp.sum((xi - q0) ** 2)
 
     def association(
