@@ -6,8 +6,9 @@ previous defaults (Anderson to rtol 1e-3, implicit backward by Anderson); then, 
 time, a looser tolerance (rtol 1e-2), the Picard forward solver, a Neumann-series backward (the
 implicit adjoint's linear solve by 5 Picard steps); then each other lever on top of that:
 a smaller step budget while training, warm starts (each example's solve starts from its previous
-fixed point), a Jacobian penalty, the phantom and Jacobian-free gradients, and Broyden with the
-shared-inverse (SHINE) backward.
+fixed point), a Jacobian penalty, the phantom and Jacobian-free gradients, fixed-point correction
+(a loss at the end of each piece of the training solve, each with a one-step phantom gradient),
+and Broyden with the shared-inverse (SHINE) backward.
 
 1. First-step time: one jitted training step per case (a batch of 64 images, dropout on, fresh
    parameters), all timed round-robin with the explicit step. At initialization the DEQ's map
@@ -58,6 +59,11 @@ CASES = [
     ("  + Jacobian penalty 0.5", _NEUMANN, dict(jacobian_weight=0.5)),
     ("  phantom gradient instead", dict(_NEUMANN, adjoint="phantom"), {}),
     ("  Jacobian-free instead", dict(_NEUMANN, adjoint="jacobian-free"), {}),
+    (
+        "  fixed-point correction (2 pieces, budget 12)",
+        _NEUMANN,
+        dict(train_steps=12, corrections=2),
+    ),
     (
         "Broyden + shared inverse (SHINE)",
         dict(_PREVIOUS, solver="broyden", rtol=1e-2, adjoint="shared-inverse"),

@@ -161,7 +161,18 @@ def test_training_levers(capsys, tmp_path):
         "--no-progress", "--out", str(tmp_path / "one-step"),
     )  # fmt: skip
     assert code == 0, err
+    # fixed-point correction: the training budget of 5 in pieces of 3 and 2 steps
+    code, out, err = run(
+        capsys, "train", *TINY, "--epochs", "1", "--train-steps", "5", "--corrections", "2",
+        "--out", str(tmp_path / "corrected"),
+    )  # fmt: skip
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "corrected" / "metrics.json").read_text())
+    assert metrics["train_config"]["corrections"] == 2
+    assert 2 <= metrics["history"][0]["solver_steps"] <= 5
     for argv, pattern in [
+        (["--corrections", "-1"], "--corrections must be >= 0"),
+        (["--correction-decay", "0"], "--correction-decay must be in (0, 1]"),
         (["--train-steps", "0"], "--train-steps must be >= 1"),
         (["--jacobian-weight", "-1"], "--jacobian-weight must be finite and >= 0"),
         (["--backward-steps", "0"], "--backward-steps must be >= 1"),

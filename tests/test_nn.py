@@ -178,6 +178,58 @@ def test_deq_transformer_warm_start(getkey):
         model.forward(x, z0=jnp.zeros((5, 8)))
 
 
+def test_fixed_point_correction_trajectory(getkey):
+    # The pieces of `trajectory` against a plain Python loop of the block's map (Picard takes
+    # z <- f(z); each piece's value is its last image), and each piece's gradient against that of
+    # one application of f at the piece's (constant) start point: the one-step phantom gradient.
+    block = enn.DEQBlock(8, 2, key=getkey(), dropout=0.2, dtype=F64)
+    block = eqx.tree_at(lambda b: b.solver, block, eqattn.Picard(rtol=1e-14, max_steps=50))
+    x = jax.random.normal(getkey(), (5, 8), F64)
+    key = getkey()
+    injection, _, drop = block._prepare(x, None, key, False)
+    f = lambda z, b=block: b.step(z, injection, None, drop)  # noqa: E731
+    pieces = block.trajectory(x, (3, 2, 4), key=key)
+    # a piece of k evaluations of f ends at its start's (k-1)-th image (the last point it
+    # measured a residual at)
+    z, points = jnp.zeros((5, 8), F64), []
+    for k in (3, 2, 4):
+        for _ in range(k - 1):
+            z = f(z)
+        points.append(z)
+    assert [int(eq.steps) for eq in pieces] == [3, 2, 4]
+    for eq, point in zip(pieces, points):
+        np.testing.assert_allclose(eq.value, point, rtol=1e-12, atol=1e-12)
+    # each piece's end depends on the parameters through one application of f at that end,
+    # every point of the solve held constant: the one-step phantom gradient
+    v = jax.random.normal(getkey(), (5, 8), F64)
+    loss = lambda b, i: jnp.vdot(v, b.trajectory(x, (3, 2, 4), key=key)[i].value)  # noqa: E731
+    for i, point in enumerate(points):
+        g = jax.grad(loss, allow_int=True)(block, i)
+        expected = jax.grad(
+            lambda b: jnp.vdot(v, b.step(point, b.injection(x), None, drop)), allow_int=True
+        )(block)
+        for a, b in zip(
+            jax.tree.leaves(eqx.filter(g, eqx.is_inexact_array)),
+            jax.tree.leaves(eqx.filter(expected, eqx.is_inexact_array)),
+            strict=True,
+        ):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    for bad in ((), (3, 1)):
+        with pytest.raises(ValueError, match="`segments` must be"):
+            block.trajectory(x, bad, key=key)
+    # the model: per-piece logits under vmap, with per-example statistics
+    model = enn.DEQTransformer(
+        3, 8, 2, key=getkey(), in_features=4, max_len=6, dtype=F64,
+        solver=eqattn.Picard(rtol=1e-10, max_steps=300),
+    )  # fmt: skip
+    xs = jax.random.normal(getkey(), (4, 6, 4), F64)
+    logits, eqs = jax.vmap(lambda xi: model.trajectory(xi, (2, 200), inference=True))(xs)
+    full, eq = jax.vmap(lambda xi: model.forward(xi, inference=True))(xs)
+    assert len(logits) == 2 and logits[1].shape == (4, 3) and eqs[0].steps.shape == (4,)
+    assert np.all(eqs[0].steps == 2) and np.all(eqs[1].converged) and np.all(eq.converged)
+    np.testing.assert_allclose(logits[1], full, rtol=1e-8, atol=1e-9)
+
+
 def test_jacobian_penalty_against_the_full_jacobian(getkey):
     # The Hutchinson estimate of |df/dz|_F^2 / size, averaged over many probes, against the
     # Frobenius norm of the Jacobian built column by column (jax.jacrev), at the fixed point.

@@ -103,7 +103,8 @@ def parser() -> argparse.ArgumentParser:
         "--train-steps",
         type=int,
         default=t.train_steps,
-        help="DEQ: the solver's step limit while training (default: --max-steps)",
+        help="DEQ: the solver's step limit while training (at most --max-steps, which "
+        "evaluation uses)",
     )
     tr.add_argument(
         "--warm-start",
@@ -116,6 +117,19 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=t.jacobian_weight,
         help="DEQ: weight of the Jacobian penalty |df/dz|_F^2 at the fixed point (0: off)",
+    )
+    tr.add_argument(
+        "--corrections",
+        type=int,
+        default=t.corrections,
+        help="DEQ: fixed-point correction, a loss at the end of each of this many pieces of the "
+        "training solve, each with a one-step phantom gradient (0: off)",
+    )
+    tr.add_argument(
+        "--correction-decay",
+        type=float,
+        default=t.correction_decay,
+        help="DEQ: weight decay of earlier pieces' losses (--corrections)",
     )
     tr.add_argument(
         "--out", default="runs/digits", help="output directory (checkpoint.eqx, metrics.json)"

@@ -45,9 +45,10 @@ class ModelConfig:
     adjoint: str = "implicit"
     rtol: float = 1e-2
     max_steps: int = 30
-    # implicit adjoint: the backward solver and its step budget (None: max_steps); 5 Picard
-    # steps are the first terms of the Neumann series of (I - J^T)^-1
-    backward_solver: str = "picard"
+    # implicit adjoint: the backward solver and its step budget (None: max_steps); 5 Anderson
+    # steps (5 Picard steps, the first terms of the Neumann series of (I - J^T)^-1, cost the
+    # same and gave 0.3-0.4 points less accuracy)
+    backward_solver: str = "anderson"
     backward_steps: int | None = 5
     num_tokens: int = 8
     in_features: int = 8
@@ -158,3 +159,24 @@ def predict(model: eqx.Module, x, max_steps=None, key=None, z0=None) -> Predicti
         return Prediction(logits, eq.steps, eq.relative_residual, eq.converged, eq.value)
     logits = model(x, key=key, inference=inference)
     return Prediction(logits, jnp.array(0), jnp.array(0.0), jnp.array(True), None)
+
+
+def correction_segments(budget: int, pieces: int) -> tuple[int, ...]:
+    """`budget` solver steps split into `pieces` nearly equal pieces of at least 2 steps."""
+    if budget < 2 * pieces:
+        raise UsageError(
+            f"--corrections {pieces} needs a training budget of at least {2 * pieces} solver "
+            f"steps (--train-steps, --max-steps); got {budget}"
+        )
+    return tuple(budget // pieces + (i < budget % pieces) for i in range(pieces))
+
+
+def predict_corrected(model: eqx.Module, x, segments, key=None, z0=None) -> Prediction:
+    """As [`predict`][] for the DEQ model solved in `segments` pieces (fixed-point correction):
+    `logits [pieces, 10]`, one per piece's end; the statistics are the whole solve's."""
+    if not isinstance(model, nn.DEQTransformer):
+        raise UsageError("fixed-point correction (--corrections) needs the DEQ model")
+    logits, pieces = model.trajectory(x, segments, key=key, inference=key is None, z0=z0)
+    last = pieces[-1]
+    steps = sum(eq.steps for eq in pieces)
+    return Prediction(jnp.stack(logits), steps, last.relative_residual, last.converged, last.value)

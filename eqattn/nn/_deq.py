@@ -9,6 +9,7 @@ Equilibrium Models", 2019).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -21,6 +22,7 @@ from .._solve import (
     AbstractAdjoint,
     AbstractFixedPointSolver,
     Anderson,
+    Phantom,
     jacobian_frobenius,
 )
 from .._solve._equilibrium import Equilibrium
@@ -133,6 +135,19 @@ class DEQBlock(AbstractEquilibriumLayer):
         """One application of the block's map (see the module docstring)."""
         return block_map(self, z, injection, mask, drop)
 
+    def _prepare(self, x, mask, key, inference):
+        """The solve's arguments: the injection, the mask and the dropout masks."""
+        check_tokens(x, self.dim)
+        n = x.shape[0]
+        mask = check_mask(mask, n, n)
+        injection = self.injection(x)
+        drop = None
+        if self.dropout > 0 and not inference:
+            if key is None:
+                raise ValueError("DEQBlock with dropout > 0 needs `key` (or inference=True).")
+            drop = dropout_masks(key, self.dropout, n, self.mlp_in, injection.dtype)
+        return injection, mask, drop
+
     def equilibrium(
         self,
         x: Float[Array, "n dim"],
@@ -145,17 +160,49 @@ class DEQBlock(AbstractEquilibriumLayer):
     ) -> Equilibrium:
         """Solve for $z^*$. Dropout (when `dropout > 0`, `key` given and not `inference`) draws
         its masks once here and keeps them for every iteration of this solve."""
-        check_tokens(x, self.dim)
-        n = x.shape[0]
-        mask = check_mask(mask, n, n)
-        injection = self.injection(x)
-        drop = None
-        if self.dropout > 0 and not inference:
-            if key is None:
-                raise ValueError("DEQBlock with dropout > 0 needs `key` (or inference=True).")
-            drop = dropout_masks(key, self.dropout, n, self.mlp_in, injection.dtype)
+        injection, mask, drop = self._prepare(x, mask, key, inference)
         z0 = jnp.zeros_like(injection) if z0 is None else z0
         return self.solve(DEQBlock.step, z0, injection, mask, drop, max_steps=max_steps)
+
+    def trajectory(
+        self,
+        x: Float[Array, "n dim"],
+        segments: Sequence[int],
+        *,
+        mask: Bool[Array, "n n"] | None = None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+        z0: Float[Array, "n dim"] | None = None,
+        phantom_steps: int = 1,
+        damping: float = 1.0,
+    ) -> list[Equilibrium]:
+        r"""The solve in pieces, for fixed-point correction (S. Bai, Z. Geng, Y. Savani,
+        J. Z. Kolter, "Deep Equilibrium Optical Flow Estimation", 2022): piece $i$ takes at most
+        `segments[i]` steps of the block's solver from where piece $i-1$ stopped (its first
+        step re-evaluates $f$ there), and its end point $z_i$ is differentiated by a phantom gradient ([`eqattn.Phantom`][] with
+        `phantom_steps` and `damping`) instead of the block's adjoint. A training loss on every
+        $z_i$ (decaying weights, the last largest) teaches the map to be accurate early in the
+        solve, at the price of one phantom backward per piece. Returns one `Equilibrium` per
+        piece; `steps` counts that piece's evaluations. The same dropout masks throughout."""
+        segments = tuple(int(k) for k in segments)
+        if not segments or min(segments) < 2:
+            raise ValueError(
+                f"`segments` must be a non-empty sequence of ints >= 2 (a piece of one "
+                f"evaluation ends where it starts); got {segments}."
+            )
+        injection, mask, drop = self._prepare(x, mask, key, inference)
+        block = eqx.tree_at(
+            lambda b: b.adjoint, self, Phantom(steps=phantom_steps, damping=damping)
+        )
+        z = jnp.zeros_like(injection) if z0 is None else z0
+        pieces = []
+        for k in segments:
+            eq = block.solve(
+                DEQBlock.step, lax.stop_gradient(z), injection, mask, drop, max_steps=k
+            )
+            pieces.append(eq)
+            z = eq.value
+        return pieces
 
     def __call__(self, x, *, mask=None, key=None, inference=False, z0=None, max_steps=None):
         return self.equilibrium(
@@ -180,14 +227,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         weight) it keeps the fixed point well conditioned, so the solver needs fewer steps
         (S. Bai, V. Koltun, J. Z. Kolter, "Stabilizing Equilibrium Models by Jacobian
         Regularization", 2021). Differentiable with respect to the block's parameters."""
-        n = x.shape[0]
-        mask = check_mask(mask, n, n)
-        injection = self.injection(x)
-        drop = None
-        if self.dropout > 0 and not inference:
-            if key is None:
-                raise ValueError("DEQBlock with dropout > 0 needs `key` (or inference=True).")
-            drop = dropout_masks(key, self.dropout, n, self.mlp_in, injection.dtype)
+        injection, mask, drop = self._prepare(x, mask, key, inference)
         penalty = jacobian_frobenius(
             lambda z, block: block.step(z, injection, mask, drop),
             lax.stop_gradient(z),
@@ -196,6 +236,14 @@ class DEQBlock(AbstractEquilibriumLayer):
             samples=samples,
         )
         return penalty / z.size
+
+
+def _check_start(z0, h):
+    if z0 is not None and jnp.shape(z0) != h.shape:
+        raise ValueError(
+            f"`z0` must have the shape {h.shape} of the block's state (tokens, dim); got "
+            f"{jnp.shape(z0)}."
+        )
 
 
 class DEQTransformer(eqx.Module):
@@ -261,15 +309,42 @@ class DEQTransformer(eqx.Module):
         previous fixed point, `eq.value`); `max_steps` caps it for this call."""
         h, padding_mask = embed_tokens(self, x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
-        if z0 is not None and jnp.shape(z0) != h.shape:
-            raise ValueError(
-                f"`z0` must have the shape {h.shape} of the block's state (tokens, dim); got "
-                f"{jnp.shape(z0)}."
-            )
+        _check_start(z0, h)
         eq = self.block.equilibrium(
             h, mask=attn_mask, key=key, inference=inference, z0=z0, max_steps=max_steps
         )
         return read_out(self, eq.value, padding_mask), eq
+
+    def trajectory(
+        self,
+        x: Int[Array, " n"] | Float[Array, "n f"],
+        segments: Sequence[int],
+        *,
+        padding_mask: Bool[Array, " n"] | None = None,
+        key: PRNGKeyArray | None = None,
+        inference: bool = False,
+        z0: Float[Array, "tokens dim"] | None = None,
+        phantom_steps: int = 1,
+        damping: float = 1.0,
+    ) -> tuple[list[Array], list[Equilibrium]]:
+        """The logits at the end of each piece of the block's
+        [`trajectory`][eqattn.nn.DEQBlock.trajectory] (fixed-point correction), and the pieces'
+        `Equilibrium`s; the last piece's logits are those of a solve capped at
+        `sum(segments)` steps."""
+        h, padding_mask = embed_tokens(self, x, padding_mask)
+        attn_mask = None if padding_mask is None else padding_mask[None, :]
+        _check_start(z0, h)
+        pieces = self.block.trajectory(
+            h,
+            segments,
+            mask=attn_mask,
+            key=key,
+            inference=inference,
+            z0=z0,
+            phantom_steps=phantom_steps,
+            damping=damping,
+        )
+        return [read_out(self, eq.value, padding_mask) for eq in pieces], pieces
 
     def jacobian_penalty(
         self,
