@@ -47,9 +47,10 @@ class TrainConfig:
     seed: int = 0
     # DEQ only: the forward solver's step budget while training (None: the model's max_steps,
     # which evaluation uses), and whether each training example's solve starts from its
-    # previous fixed point instead of zeros. 11 steps with the Anderson backward (ModelConfig):
-    # chosen by `python -m benchmarks training` (CPU, 5 seeds: 97.6% test accuracy in 0.68x
-    # the training time of the full budget, whose 97.8% is within the seeds' spread).
+    # previous fixed point instead of zeros. 11 steps, with the Anderson backward of
+    # ModelConfig, chosen by `python -m benchmarks training` (CPU, 5 seeds): about 0.7x the
+    # training time of the whole budget at an accuracy within the seeds' spread
+    # (benchmarks/results/training-cpu-cpu.json).
     train_steps: int | None = 11
     warm_start: bool = False
     # DEQ only: weight of the Jacobian penalty |df/dz|_F^2 / size at the fixed point (0: none)
