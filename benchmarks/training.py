@@ -43,7 +43,12 @@ from ._harness import print_table, time_interleaved
 
 _EXPLICIT = dict(model="explicit")
 _PREVIOUS = dict(
-    solver="anderson", rtol=1e-3, max_steps=30, adjoint="implicit", backward_solver="anderson"
+    solver="anderson",
+    rtol=1e-3,
+    max_steps=30,
+    adjoint="implicit",
+    backward_solver="anderson",
+    backward_steps=None,  # the backward solved to the forward's tolerance
 )
 _NEUMANN = dict(_PREVIOUS, solver="picard", rtol=1e-2, backward_solver="picard", backward_steps=5)
 
