@@ -152,8 +152,8 @@ def attention_weights(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     implementation: Implementation = "auto",
 ) -> Float[Array, "*batch n m"]:
-    r"""The attention (association) weights $p_{ij} = \exp(eta\, q_i\cdot k_j - A(q_i))$, with
-    the log-normalizer $A$ from [`eqattn.log_normalizer`][]: one $n 	imes m$ pass, for
+    r"""The attention (association) weights $p_{ij} = \exp(\beta\, q_i\cdot k_j - A(q_i))$, with
+    the log-normalizer $A$ from [`eqattn.log_normalizer`][]: one $n \times m$ pass, for
     inspecting what attends to what. Masked entries and fully masked rows are 0. Arguments as in
     [`eqattn.attention_with_lse`][].
 
