@@ -1,3 +1,7 @@
+import json
+from pathlib import Path
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,3 +130,83 @@ def test_default_solve_reaches_the_fixed_point_of_repeated_updates():
         assert bool(eq.converged), seed
         gaps.append(float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)))
     assert max(gaps) < 1e-2, gaps
+
+
+def _hopfield_update_steps_reference(params, state, stored, beta, heads, steps, eps):
+    """A dense float64 formula of the update-steps mode (projections, `steps` plain updates
+    per head with the association-change stop, output), written without eqattn."""
+    wq, wk, wv, wo = params
+    split = lambda x: x.reshape(x.shape[0], heads, -1).transpose(1, 0, 2)  # noqa: E731
+    xi, k, v = split(state @ wq.T), split(stored @ wk.T), split(stored @ wv.T)
+    assoc = lambda xi: jax.nn.softmax(beta * jnp.einsum("hnd,hmd->hnm", xi, k), -1)  # noqa: E731
+    a = assoc(xi)
+    active = jnp.full(heads, steps > 0)
+    for t in range(1, steps + 1):
+        new_xi = jnp.einsum("hnm,hmd->hnd", a, k)
+        new_a = assoc(new_xi)
+        change = jnp.sqrt(jnp.sum(jax.lax.stop_gradient(new_a - a) ** 2, axis=(1, 2)))
+        xi = jnp.where(active[:, None, None], new_xi, xi)
+        a = jnp.where(active[:, None, None], new_a, a)
+        active = active & (change > eps) & (t < steps)
+    out = jnp.einsum("hnm,hmd->hnd", a, v).transpose(1, 0, 2).reshape(state.shape[0], -1)
+    return out @ wo.T
+
+
+def _update_steps_layer(steps, eps, key=jax.random.key(0), **kw):
+    return eqattn.nn.Hopfield(
+        6, 5, 2, key=key, hidden_dim=6, value_dim=8, out_dim=7, beta=1.5,
+        normalize_state=False, normalize_stored=False, normalize_projected=False,
+        update_steps=steps, update_steps_eps=eps, dtype=jnp.float64, **kw,
+    )  # fmt: skip
+
+
+def _projections(layer):
+    a = layer.attention
+    return (a.query_proj.weight, a.key_proj.weight, a.value_proj.weight, a.output_proj.weight)
+
+
+def test_update_steps_mode_against_a_dense_formula_and_its_gradients(rng):
+    state, stored = rng.normal(size=(3, 6)), rng.normal(size=(8, 5))
+    for steps in range(5):
+        layer = _update_steps_layer(steps, 0.0)
+        params = _projections(layer)
+        beta = float(layer.attention.beta[0])
+        expected = _hopfield_update_steps_reference(params, state, stored, beta, 2, steps, 0.0)
+        out, eq = layer.forward(state, stored)
+        np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-14)
+        assert int(eq.steps) == steps and not bool(eq.converged)
+        # gradients with respect to every projection, against autodiff of the dense formula
+        g = eqx.filter_grad(lambda lay: jnp.sum(jnp.sin(lay(state, stored))))(layer)
+        g_ref = jax.grad(
+            lambda p: jnp.sum(
+                jnp.sin(_hopfield_update_steps_reference(p, state, stored, beta, 2, steps, 0.0))
+            )
+        )(params)
+        for got, ref in zip(_projections(g), g_ref, strict=True):
+            np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-13)
+            assert np.any(np.asarray(got) != 0)  # the query projection too
+    # a large eps stops every head after its first update, as the dense formula does
+    layer = _update_steps_layer(4, 10.0)
+    out, eq = layer.forward(state, stored)
+    expected = _hopfield_update_steps_reference(
+        _projections(layer), state, stored, float(layer.attention.beta[0]), 2, 4, 10.0
+    )
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-14)
+    assert int(eq.steps) == 1 and bool(eq.converged)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="`update_steps` must be None or an int >= 0"):
+            _update_steps_layer(bad, 0.0)
+
+
+def test_update_steps_mode_matches_hopfield_layers():
+    # Outputs of hopfield-layers' PyTorch `Hopfield` for update_steps_max = 0..4, computed once
+    # with copied weights (tests/fixtures/make_hflayers_update_steps.py), float64.
+    fixture = json.loads(
+        (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
+    )
+    w = {name: jnp.asarray(v) for name, v in fixture["weights"].items()}
+    state, stored = np.asarray(fixture["state"]), np.asarray(fixture["stored"])
+    for steps, expected in fixture["outputs"].items():
+        layer = _update_steps_layer(int(steps), fixture["update_steps_eps"])
+        layer = eqx.tree_at(_projections, layer, (w["query"], w["key"], w["value"], w["output"]))
+        np.testing.assert_allclose(layer(state, stored), expected, rtol=1e-11, atol=1e-14)

@@ -21,6 +21,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._attention import attention, attention_weights, merge_heads, split_heads
@@ -31,7 +32,7 @@ from .._solve import (
     AbstractFixedPointSolver,
     Picard,
 )
-from .._solve._equilibrium import Equilibrium
+from .._solve._equilibrium import RESULTS, Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ._layer import AbstractEquilibriumLayer
@@ -54,6 +55,14 @@ class Hopfield(AbstractEquilibriumLayer):
       `normalize_projected`: renormalize the projected patterns per head.
     - `output_projection`: apply $W_o$ (else the heads' outputs are concatenated).
     - `injection`: $\\alpha > 0$ above.
+    - `update_steps`: `None` (default) solves to the equilibrium; an int $k \\ge 0$ instead
+      applies $k$ plain updates $\\xi \\leftarrow K^\\top\\mathrm{softmax}(\\beta K\\xi)$ from
+      $\\xi_0$ (no injection) and differentiates through them, as hopfield-layers'
+      `update_steps_max` does; a head stops early once its association
+      $\\mathrm{softmax}(\\beta K\\xi)$ changes by at most `update_steps_eps` (Frobenius norm over
+      `[n, m]`; hopfield-layers takes the maximum over its batch, here each example decides).
+      The solver and adjoint are then unused and `throw` does not apply: `steps` counts the
+      updates, `converged` says whether every head stopped by `update_steps_eps`.
     - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
       iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
       matmul precision can resolve): the concave-convex update never increases the energy, so it
@@ -75,6 +84,8 @@ class Hopfield(AbstractEquilibriumLayer):
     throw: bool = eqx.field(static=True)
     state_dim: int = eqx.field(static=True)
     stored_dim: int = eqx.field(static=True)
+    update_steps: int | None = eqx.field(static=True)
+    update_steps_eps: float = eqx.field(static=True)
 
     def __init__(
         self,
@@ -95,11 +106,19 @@ class Hopfield(AbstractEquilibriumLayer):
         solver: AbstractFixedPointSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
+        update_steps: int | None = None,
+        update_steps_eps: float = 1e-4,
         dtype=None,
     ):
         stored_dim = state_dim if stored_dim is None else stored_dim
         if injection <= 0:
             raise ValueError(f"`injection` must be > 0; got {injection}.")
+        if update_steps is not None and (
+            isinstance(update_steps, bool) or not isinstance(update_steps, int) or update_steps < 0
+        ):
+            raise ValueError(f"`update_steps` must be None or an int >= 0; got {update_steps!r}.")
+        if not update_steps_eps >= 0:
+            raise ValueError(f"`update_steps_eps` must be >= 0; got {update_steps_eps}.")
         self.attention = MultiHeadAttention(
             state_dim,
             num_heads,
@@ -123,6 +142,8 @@ class Hopfield(AbstractEquilibriumLayer):
         self.throw = throw
         self.state_dim = state_dim
         self.stored_dim = stored_dim
+        self.update_steps = update_steps
+        self.update_steps_eps = update_steps_eps
 
     def _patterns(self, state, stored, association_mask, padding_mask):
         check_tokens(state, self.state_dim, "state")
@@ -154,7 +175,44 @@ class Hopfield(AbstractEquilibriumLayer):
         return self._solve(q0, k, mask, max_steps)
 
     def _solve(self, q0, k, mask, max_steps):
+        if self.update_steps is not None:
+            return self._update_steps(q0, k, mask)
         return self.solve(Hopfield.update, q0, q0, k, mask, max_steps=max_steps)
+
+    def _update_steps(self, xi, k, mask) -> Equilibrium:
+        """`update_steps` plain updates per head, each head stopping once its association moves
+        by at most `update_steps_eps`; differentiated by autodiff through every update."""
+        beta = self.attention.beta
+
+        def association(xi):
+            return attention_weights(xi, k, beta=beta, mask=mask)  # [h, n, m]
+
+        a = association(xi)
+        active = jnp.full(xi.shape[:1], self.update_steps > 0)
+        settled = jnp.zeros(xi.shape[:1], bool)  # stopped by update_steps_eps
+        steps = jnp.zeros((), jnp.int32)
+        for t in range(1, self.update_steps + 1):
+            new_xi = jnp.einsum("hnm,hmd->hnd", a, k)
+            new_a = association(new_xi)
+            xi = jnp.where(active[:, None, None], new_xi, xi)
+            change = lax.stop_gradient(jnp.sqrt(jnp.sum((new_a - a) ** 2, axis=(1, 2))))
+            a = jnp.where(active[:, None, None], new_a, a)
+            steps = steps + jnp.any(active)
+            settled = settled | (active & (change <= self.update_steps_eps))
+            active = active & (change > self.update_steps_eps) & (t < self.update_steps)
+        # the plain update's residual at the returned state
+        image = lax.stop_gradient(jnp.einsum("hnm,hmd->hnd", a, k))
+        residual = jnp.sqrt(jnp.sum((image - lax.stop_gradient(xi)) ** 2))
+        scale = jnp.maximum(jnp.sqrt(jnp.sum(image**2)), jnp.finfo(image.dtype).tiny)
+        converged = jnp.all(settled)
+        return Equilibrium(
+            value=xi,
+            steps=steps,
+            residual=residual,
+            relative_residual=residual / scale,
+            converged=converged,
+            result=RESULTS.where(converged, RESULTS.successful, RESULTS.max_steps_reached),
+        )
 
     def forward(self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None):
         """The output and the `Equilibrium` of the projected state patterns."""
