@@ -145,6 +145,31 @@ def test_explicit_transformer_dropout(getkey):
         enn.Transformer(3, 8, 2, 2, key=key, in_features=4, dropout=1.0)
 
 
+def test_inference_mode_turns_dropout_off(getkey):
+    # eqx.nn.inference_mode switches every dropout of a model off, like Equinox's own layers;
+    # the model then equals the same weights without dropout, and a call's `inference=False`
+    # still overrides it (as eqx.nn.Dropout's call argument does).
+    key, x = getkey(), jax.random.normal(getkey(), (6, 4))
+    solver = eqattn.Picard(rtol=1e-6, max_steps=200)
+    for make in (
+        lambda rate: enn.Transformer(3, 8, 2, 2, key=key, in_features=4, max_len=6, dropout=rate),
+        lambda rate: enn.DEQTransformer(
+            3, 8, 2, key=key, in_features=4, max_len=6, dropout=rate, solver=solver
+        ),
+    ):
+        model, plain = make(0.3), make(0.0)
+        with pytest.raises(ValueError, match="needs `key`"):
+            model(x)
+        frozen = eqx.nn.inference_mode(model)
+        np.testing.assert_allclose(frozen(x), plain(x), rtol=1e-6, atol=1e-6)
+        k = getkey()
+        dropped = frozen(x, key=k, inference=False)
+        assert not np.allclose(dropped, plain(x), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(dropped, model(x, key=k), rtol=1e-6, atol=1e-6)
+        with pytest.raises(ValueError, match="needs `key`"):
+            eqx.nn.inference_mode(frozen, value=False)(x)
+
+
 def test_variational_dropout_keeps_one_mask_per_solve(getkey):
     key, solver = getkey(), eqattn.Anderson(rtol=1e-6, max_steps=100)
     block = enn.DEQBlock(8, 2, key=key, dropout=0.3, solver=solver)

@@ -21,9 +21,20 @@ _READABLE = ("eqattn-checkpoint-1", FORMAT)  # format 1: no checksum, no trainin
 FILENAME = "checkpoint.eqx"
 
 
+# Python bools in a model (the layers' `inference` flags) are modes, not weights: they are not
+# stored, so a checkpoint reads the same whether or not its model has such flags.
+def _save_leaf(f, x):
+    if not isinstance(x, bool):
+        eqx.default_serialise_filter_spec(f, x)
+
+
+def _load_leaf(f, x):
+    return x if isinstance(x, bool) else eqx.default_deserialise_filter_spec(f, x)
+
+
 def _serialise(tree) -> bytes:
     buffer = io.BytesIO()
-    eqx.tree_serialise_leaves(buffer, tree)
+    eqx.tree_serialise_leaves(buffer, tree, filter_spec=_save_leaf)
     return buffer.getvalue()
 
 
@@ -88,7 +99,7 @@ def _payload(path: Path) -> tuple[dict[str, Any], bytes]:
 def _deserialise(path, data: bytes, like, what: str):
     buffer = io.BytesIO(data)
     try:
-        tree = eqx.tree_deserialise_leaves(buffer, like)
+        tree = eqx.tree_deserialise_leaves(buffer, like, filter_spec=_load_leaf)
         if buffer.read(1):
             raise ValueError("trailing bytes")
     except Exception as e:  # equinox/numpy raise various errors on foreign data

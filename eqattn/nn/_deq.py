@@ -59,6 +59,21 @@ def _dropout_mask(key, rate, shape, dtype):
     return keep.astype(dtype) / (1 - rate)
 
 
+def draw_dropout(layer, key, inference, n, dtype):
+    """The dropout masks of `layer` (with `dropout`, `inference` and `mlp_in` fields) for
+    `block_map`, or None: none when the rate is 0 or in inference mode (`inference`, or the
+    layer's field when that is None, as for `eqx.nn.Dropout`)."""
+    inference = layer.inference if inference is None else inference
+    if layer.dropout == 0 or inference:
+        return None
+    if key is None:
+        raise ValueError(
+            f"{type(layer).__name__} with dropout > 0 needs `key` (or inference=True, or "
+            "eqx.nn.inference_mode(model))."
+        )
+    return dropout_masks(key, layer.dropout, n, layer.mlp_in, dtype)
+
+
 def dropout_masks(key, rate, n, mlp_in, dtype):
     """Inverted-dropout masks for the attention output `[n, dim]` and the MLP hidden `[n, hidden]`
     of `block_map`."""
@@ -74,8 +89,9 @@ class DEQBlock(AbstractEquilibriumLayer):
 
     **Arguments:** `dim`, `num_heads`, `key`; `mlp_ratio` (hidden width of the MLP / dim);
     `norm_first` (pre-norm instead of post-norm); `norm` (`"layer"` or `"tokens"`); `dropout`
-    (variational: one mask per solve, the same at every iteration); `solver`, `adjoint`, `throw`
-    as in [`eqattn.fixed_point`][].
+    (variational: one mask per solve, the same at every iteration); `inference` (dropout off;
+    `eqx.nn.inference_mode(model)` sets it, and a call's `inference=True/False` overrides it, as
+    for `eqx.nn.Dropout`); `solver`, `adjoint`, `throw` as in [`eqattn.fixed_point`][].
     """
 
     attention: MultiHeadAttention
@@ -86,6 +102,7 @@ class DEQBlock(AbstractEquilibriumLayer):
     solver: Any
     adjoint: AbstractAdjoint
     dropout: float = eqx.field(static=True)
+    inference: bool
     norm_first: bool = eqx.field(static=True)
     norm: str = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
@@ -104,6 +121,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         solver: AbstractFixedPointSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
+        inference: bool = False,
         dtype=None,
     ):
         check_dims(dim, num_heads)
@@ -122,6 +140,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         )
         self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
         self.dropout = dropout
+        self.inference = inference
         self.norm_first = norm_first
         self.norm = norm
         self.throw = throw
@@ -141,12 +160,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         n = x.shape[0]
         mask = check_mask(mask, n, n)
         injection = self.injection(x)
-        drop = None
-        if self.dropout > 0 and not inference:
-            if key is None:
-                raise ValueError("DEQBlock with dropout > 0 needs `key` (or inference=True).")
-            drop = dropout_masks(key, self.dropout, n, self.mlp_in, injection.dtype)
-        return injection, mask, drop
+        return injection, mask, draw_dropout(self, key, inference, n, injection.dtype)
 
     def equilibrium(
         self,
@@ -154,7 +168,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         *,
         mask: Bool[Array, "n n"] | None = None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
         z0: Float[Array, "n dim"] | None = None,
         max_steps: int | None = None,
     ) -> Equilibrium:
@@ -171,7 +185,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         *,
         mask: Bool[Array, "n n"] | None = None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
         z0: Float[Array, "n dim"] | None = None,
         phantom_steps: int = 1,
         damping: float = 1.0,
@@ -204,7 +218,7 @@ class DEQBlock(AbstractEquilibriumLayer):
             z = eq.value
         return pieces
 
-    def __call__(self, x, *, mask=None, key=None, inference=False, z0=None, max_steps=None):
+    def __call__(self, x, *, mask=None, key=None, inference=None, z0=None, max_steps=None):
         return self.equilibrium(
             x, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps
         ).value
@@ -217,7 +231,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         probe_key: PRNGKeyArray,
         mask: Bool[Array, "n n"] | None = None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
         samples: int = 1,
     ) -> Float[Array, ""]:
         r"""$\lVert \partial f/\partial z\rVert_F^2 / (n \cdot \mathrm{dim})$ at `z` (a Hutchinson
@@ -260,7 +274,7 @@ class DEQTransformer(eqx.Module):
       `"none"` (one output per token, for token tasks).
     - Every other keyword goes to [`eqattn.nn.DEQBlock`][] (`solver`, `adjoint`, `dropout`, ...).
 
-    `model(x, *, padding_mask=None, key=None, inference=False)` returns logits; `padding_mask [n]`
+    `model(x, *, padding_mask=None, key=None, inference=None)` returns logits; `padding_mask [n]`
     is `True` for real tokens. `model.forward(x, ...)` also returns the block's `Equilibrium`.
     """
 
@@ -301,7 +315,7 @@ class DEQTransformer(eqx.Module):
         *,
         padding_mask: Bool[Array, " n"] | None = None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
         max_steps: int | None = None,
         z0: Float[Array, "tokens dim"] | None = None,
     ) -> tuple[Array, Equilibrium]:
@@ -322,7 +336,7 @@ class DEQTransformer(eqx.Module):
         *,
         padding_mask: Bool[Array, " n"] | None = None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
         z0: Float[Array, "tokens dim"] | None = None,
         phantom_steps: int = 1,
         damping: float = 1.0,
@@ -354,7 +368,7 @@ class DEQTransformer(eqx.Module):
         probe_key: PRNGKeyArray,
         padding_mask: Bool[Array, " n"] | None = None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
         samples: int = 1,
     ) -> Float[Array, ""]:
         """The block's [`jacobian_penalty`][eqattn.nn.DEQBlock.jacobian_penalty] at `z` (e.g.
@@ -372,7 +386,7 @@ class DEQTransformer(eqx.Module):
             samples=samples,
         )
 
-    def __call__(self, x, *, padding_mask=None, key=None, inference=False, max_steps=None, z0=None):
+    def __call__(self, x, *, padding_mask=None, key=None, inference=None, max_steps=None, z0=None):
         return self.forward(
             x,
             padding_mask=padding_mask,

@@ -12,14 +12,15 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from ._deq import block_map, check_dropout, dropout_masks
+from ._deq import block_map, check_dropout, draw_dropout
 from ._implicit import Norm, check_norm
 from ._io import Pooling, embed_tokens, init_io, read_out
 from ._multihead import MultiHeadAttention, check_dims
 
 
 class TransformerBlock(eqx.Module):
-    """One explicit block: attention and MLP sublayers with residuals and RN."""
+    """One explicit block: attention and MLP sublayers with residuals and RN; `dropout` and
+    `inference` as in [`eqattn.nn.DEQBlock`][]."""
 
     attention: MultiHeadAttention
     mlp_in: eqx.nn.Linear
@@ -27,6 +28,7 @@ class TransformerBlock(eqx.Module):
     norm_first: bool = eqx.field(static=True)
     norm: str = eqx.field(static=True)
     dropout: float = eqx.field(static=True)
+    inference: bool
 
     def __init__(
         self,
@@ -38,6 +40,7 @@ class TransformerBlock(eqx.Module):
         norm_first=False,
         norm="layer",
         dropout=0.0,
+        inference=False,
         dtype=None,
     ):
         check_dims(dim, num_heads)
@@ -51,6 +54,7 @@ class TransformerBlock(eqx.Module):
         self.norm_first = norm_first
         self.norm = norm
         self.dropout = dropout
+        self.inference = inference
 
     def __call__(
         self,
@@ -58,15 +62,9 @@ class TransformerBlock(eqx.Module):
         *,
         mask=None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Float[Array, "n dim"]:
-        drop = None
-        if self.dropout > 0 and not inference:
-            if key is None:
-                raise ValueError(
-                    "TransformerBlock with dropout > 0 needs `key` (or inference=True)."
-                )
-            drop = dropout_masks(key, self.dropout, z.shape[0], self.mlp_in, z.dtype)
+        drop = draw_dropout(self, key, inference, z.shape[0], z.dtype)
         return block_map(self, z, mask=mask, drop=drop)
 
 
@@ -75,7 +73,8 @@ class Transformer(eqx.Module):
 
     Arguments as [`eqattn.nn.DEQTransformer`][], plus `depth`; `mlp_ratio`, `norm_first`, `norm`
     and `dropout` configure the blocks. `model(x, *, padding_mask=None, key=None,
-    inference=False)` returns logits (`key` draws the dropout masks when training).
+    inference=None)` returns logits (`key` draws the dropout masks when training;
+    `eqx.nn.inference_mode(model)` turns dropout off).
     """
 
     embed: eqx.nn.Embedding | eqx.nn.Linear
@@ -103,6 +102,7 @@ class Transformer(eqx.Module):
         norm_first: bool = False,
         norm: Norm = "layer",
         dropout: float = 0.0,
+        inference: bool = False,
         dtype=None,
     ):
         if depth < 1:
@@ -120,6 +120,7 @@ class Transformer(eqx.Module):
                 norm_first=norm_first,
                 norm=norm,
                 dropout=dropout,
+                inference=inference,
                 dtype=dtype,
             )
             for k in keys[4:]
@@ -133,7 +134,7 @@ class Transformer(eqx.Module):
         *,
         padding_mask: Bool[Array, " n"] | None = None,
         key: PRNGKeyArray | None = None,
-        inference: bool = False,
+        inference: bool | None = None,
     ) -> Array:
         h, padding_mask = embed_tokens(self, x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
