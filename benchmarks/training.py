@@ -149,6 +149,9 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
                     progress=False,
                 )
                 runs.append(m)
+                # Each run compiles its own programs; without this, 70 runs exhaust the
+                # process's memory maps for compiled code.
+                jax.clear_caches()
             accs = [m["test_accuracy"] for m in runs]
             step_s, ratio = steps[name]
             rows.append(
