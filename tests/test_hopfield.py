@@ -132,7 +132,7 @@ def test_default_solve_reaches_the_fixed_point_of_repeated_updates():
     assert max(gaps) < 1e-2, gaps
 
 
-def _hopfield_update_steps_reference(params, state, stored, beta, heads, steps, eps):
+def _hopfield_update_steps_reference(params, state, stored, beta, heads, steps, eps, drop=None):
     """A dense float64 formula of the update-steps mode (projections, `steps` plain updates
     per head with the association-change stop, output), written without eqattn."""
     wq, wk, wv, wo = params
@@ -148,6 +148,9 @@ def _hopfield_update_steps_reference(params, state, stored, beta, heads, steps, 
         xi = jnp.where(active[:, None, None], new_xi, xi)
         a = jnp.where(active[:, None, None], new_a, a)
         active = active & (change > eps) & (t < steps)
+    if drop is not None:  # (keep mask [h, n, m], rate): inverted dropout on the association
+        keep, rate = drop
+        a = a * keep / (1 - rate)
     out = jnp.einsum("hnm,hmd->hnd", a, v).transpose(1, 0, 2).reshape(state.shape[0], -1)
     return out @ wo.T
 
@@ -210,3 +213,28 @@ def test_update_steps_mode_matches_hopfield_layers():
         layer = _update_steps_layer(int(steps), fixture["update_steps_eps"])
         layer = eqx.tree_at(_projections, layer, (w["query"], w["key"], w["value"], w["output"]))
         np.testing.assert_allclose(layer(state, stored), expected, rtol=1e-11, atol=1e-14)
+
+
+def test_association_dropout(rng):
+    # Dropout on the output's association weights (hopfield-layers' `dropout`): with a key, the
+    # dense formula with the association multiplied by the Bernoulli keep-mask / (1 - rate);
+    # under eqx.nn.inference_mode, the same weights without dropout.
+    state, stored = rng.normal(size=(3, 6)), rng.normal(size=(8, 5))
+    layer, plain = _update_steps_layer(2, 0.0, dropout=0.4), _update_steps_layer(2, 0.0)
+    with pytest.raises(ValueError, match="needs `key`"):
+        layer(state, stored)
+    np.testing.assert_allclose(eqx.nn.inference_mode(layer)(state, stored), plain(state, stored))
+    key = jax.random.key(5)
+    keep = jax.random.bernoulli(key, 0.6, (2, 3, 8))  # the layer's draw: [heads, n, m]
+    expected = _hopfield_update_steps_reference(
+        _projections(layer), state, stored, float(layer.attention.beta[0]), 2, 2, 0.0,
+        drop=(keep, 0.4),
+    )  # fmt: skip
+    np.testing.assert_allclose(layer(state, stored, key=key), expected, rtol=1e-12, atol=1e-14)
+    assert not np.allclose(expected, plain(state, stored))
+    pooling = eqattn.nn.HopfieldPooling(5, 1, key=jax.random.key(1), dropout=0.4)
+    with pytest.raises(ValueError, match="needs `key`"):
+        pooling(stored)
+    assert pooling(stored, key=key).shape == (1, 5)
+    with pytest.raises(ValueError, match=r"`dropout` must be in \[0, 1\)"):
+        _update_steps_layer(2, 0.0, dropout=1.0)

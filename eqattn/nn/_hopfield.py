@@ -35,6 +35,7 @@ from .._solve import (
 from .._solve._equilibrium import RESULTS, Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
+from ._deq import check_dropout
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_mask, check_tokens
 
@@ -63,6 +64,9 @@ class Hopfield(AbstractEquilibriumLayer):
       `[n, m]`; hopfield-layers takes the maximum over its batch, here each example decides).
       The solver and adjoint are then unused and `throw` does not apply: `steps` counts the
       updates, `converged` says whether every head stopped by `update_steps_eps`.
+    - `dropout`: dropout on the output's association weights $\\mathrm{softmax}(\\beta K\\xi^*)$
+      (as hopfield-layers' `dropout`; the solve itself is not dropped); `inference` turns it
+      off, and `eqx.nn.inference_mode(model)` sets it (a call's `inference=` overrides it).
     - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
       iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
       matmul precision can resolve): the concave-convex update never increases the energy, so it
@@ -70,8 +74,9 @@ class Hopfield(AbstractEquilibriumLayer):
       where an accelerated solver (Anderson's extrapolation) can jump to another one.
 
     `layer(state [n, state_dim], stored [m, stored_dim], *, association_mask=None,
-    padding_mask=None) -> [n, out_dim]`; `association_mask` broadcasts to `[n, m]` and
-    `padding_mask [m]` marks real stored patterns (True).
+    padding_mask=None, key=None, inference=None) -> [n, out_dim]`; `association_mask`
+    broadcasts to `[n, m]` and `padding_mask [m]` marks real stored patterns (True); `key` draws
+    the dropout mask.
     """
 
     attention: MultiHeadAttention
@@ -86,6 +91,8 @@ class Hopfield(AbstractEquilibriumLayer):
     stored_dim: int = eqx.field(static=True)
     update_steps: int | None = eqx.field(static=True)
     update_steps_eps: float = eqx.field(static=True)
+    dropout: float = eqx.field(static=True)
+    inference: bool
 
     def __init__(
         self,
@@ -108,6 +115,8 @@ class Hopfield(AbstractEquilibriumLayer):
         throw: bool = False,
         update_steps: int | None = None,
         update_steps_eps: float = 1e-4,
+        dropout: float = 0.0,
+        inference: bool = False,
         dtype=None,
     ):
         stored_dim = state_dim if stored_dim is None else stored_dim
@@ -119,6 +128,7 @@ class Hopfield(AbstractEquilibriumLayer):
             raise ValueError(f"`update_steps` must be None or an int >= 0; got {update_steps!r}.")
         if not update_steps_eps >= 0:
             raise ValueError(f"`update_steps_eps` must be >= 0; got {update_steps_eps}.")
+        check_dropout(dropout)
         self.attention = MultiHeadAttention(
             state_dim,
             num_heads,
@@ -144,6 +154,8 @@ class Hopfield(AbstractEquilibriumLayer):
         self.stored_dim = stored_dim
         self.update_steps = update_steps
         self.update_steps_eps = update_steps_eps
+        self.dropout = dropout
+        self.inference = inference
 
     def _patterns(self, state, stored, association_mask, padding_mask):
         check_tokens(state, self.state_dim, "state")
@@ -214,18 +226,49 @@ class Hopfield(AbstractEquilibriumLayer):
             result=RESULTS.where(converged, RESULTS.successful, RESULTS.max_steps_reached),
         )
 
-    def forward(self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None):
+    def forward(
+        self,
+        state,
+        stored,
+        *,
+        association_mask=None,
+        padding_mask=None,
+        max_steps=None,
+        key=None,
+        inference=None,
+    ):
         """The output and the `Equilibrium` of the projected state patterns."""
         q0, k, stored_n, mask = self._patterns(state, stored, association_mask, padding_mask)
         eq = self._solve(q0, k, mask, max_steps)
         v = split_heads(jax.vmap(self.attention.value_proj)(stored_n), self.attention.num_heads)
-        out = merge_heads(attention(eq.value, k, v, beta=self.attention.beta, mask=mask))
+        inference = self.inference if inference is None else inference
+        if self.dropout == 0 or inference:
+            out = attention(eq.value, k, v, beta=self.attention.beta, mask=mask)
+        else:
+            if key is None:
+                raise ValueError(
+                    "Hopfield with dropout > 0 needs `key` (or inference=True, or "
+                    "eqx.nn.inference_mode(model))."
+                )
+            a = attention_weights(eq.value, k, beta=self.attention.beta, mask=mask)
+            keep = jax.random.bernoulli(key, 1 - self.dropout, a.shape)
+            a = jnp.where(keep, a / (1 - self.dropout), 0)
+            out = jnp.einsum("hnm,hmd->hnd", a, v)
+        out = merge_heads(out)
         if self.attention.output_proj is not None:
             out = jax.vmap(self.attention.output_proj)(out)
         return out, eq
 
     def __call__(
-        self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None
+        self,
+        state,
+        stored,
+        *,
+        association_mask=None,
+        padding_mask=None,
+        max_steps=None,
+        key=None,
+        inference=None,
     ) -> Float[Array, "n out"]:
         return self.forward(
             state,
@@ -233,6 +276,8 @@ class Hopfield(AbstractEquilibriumLayer):
             association_mask=association_mask,
             padding_mask=padding_mask,
             max_steps=max_steps,
+            key=key,
+            inference=inference,
         )[0]
 
     def energy(
@@ -276,8 +321,17 @@ class HopfieldPooling(eqx.Module):
         self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
         self.queries = jax.random.normal(kq, (num_queries, dim), dtype or jnp.result_type(float))
 
-    def __call__(self, stored, *, padding_mask=None, max_steps=None) -> Float[Array, "q out"]:
-        return self.hopfield(self.queries, stored, padding_mask=padding_mask, max_steps=max_steps)
+    def __call__(
+        self, stored, *, padding_mask=None, max_steps=None, key=None, inference=None
+    ) -> Float[Array, "q out"]:
+        return self.hopfield(
+            self.queries,
+            stored,
+            padding_mask=padding_mask,
+            max_steps=max_steps,
+            key=key,
+            inference=inference,
+        )
 
 
 class HopfieldLayer(eqx.Module):
@@ -301,5 +355,7 @@ class HopfieldLayer(eqx.Module):
         self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
         self.patterns = jax.random.normal(kp, (num_patterns, dim), dtype or jnp.result_type(float))
 
-    def __call__(self, state, *, max_steps=None) -> Float[Array, "n out"]:
-        return self.hopfield(state, self.patterns, max_steps=max_steps)
+    def __call__(self, state, *, max_steps=None, key=None, inference=None) -> Float[Array, "n out"]:
+        return self.hopfield(
+            state, self.patterns, max_steps=max_steps, key=key, inference=inference
+        )
