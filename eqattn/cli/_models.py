@@ -38,16 +38,17 @@ class ModelConfig:
     heads: int = 4
     depth: int = 4  # explicit model: blocks
     dropout: float = 0.2
-    # Chosen by `python -m benchmarks training` (CPU, 3 seeds): against Anderson to rtol 1e-3 with
-    # a converged backward solve, 0.7x the training time at the same accuracy within the seeds'
-    # spread (benchmarks/results/training-cpu-cpu.json).
+    # Chosen by `python -m benchmarks training` (CPU, 5 seeds; benchmarks/results/
+    # training-cpu-cpu.json): with the training budget of TrainConfig, 0.48x the training time
+    # of Anderson to rtol 1e-3 with a converged backward solve, 97.60% test accuracy against
+    # 98.05%.
     solver: str = "picard"
     adjoint: str = "implicit"
     rtol: float = 1e-2
     max_steps: int = 30
-    # implicit adjoint: the backward solver and its step budget (None: max_steps); 5 Anderson
-    # steps (5 Picard steps, the first terms of the Neumann series of (I - J^T)^-1, cost the
-    # same and gave 0.3-0.4 points less accuracy)
+    # implicit adjoint: the backward solver and its step budget (None: max_steps): 5 Anderson
+    # steps on (I - J^T) u = g, about the cost of 5 Picard steps (the first terms of its
+    # Neumann series)
     backward_solver: str = "anderson"
     backward_steps: int | None = 5
     num_tokens: int = 8
