@@ -193,10 +193,11 @@ class DEQBlock(AbstractEquilibriumLayer):
         r"""The solve in pieces, for fixed-point correction (S. Bai, Z. Geng, Y. Savani,
         J. Z. Kolter, "Deep Equilibrium Optical Flow Estimation", 2022): piece $i$ takes at most
         `segments[i]` steps of the block's solver from where piece $i-1$ stopped (its first
-        step re-evaluates $f$ there), and its end point $z_i$ is differentiated by a phantom gradient ([`eqattn.Phantom`][] with
-        `phantom_steps` and `damping`) instead of the block's adjoint. A training loss on every
-        $z_i$ (decaying weights, the last largest) teaches the map to be accurate early in the
-        solve, at the price of one phantom backward per piece. Returns one `Equilibrium` per
+        step re-evaluates $f$ there), and its end point $z_i$ is differentiated by a phantom
+        gradient ([`eqattn.Phantom`][] with `phantom_steps` and `damping`) instead of the
+        block's adjoint. A training loss on every $z_i$ (decaying weights, the last largest)
+        asks the map to be accurate early in the solve, at the price of one phantom backward per
+        piece (on the digits it cost accuracy: `python -m benchmarks training`). Returns one `Equilibrium` per
         piece; `steps` counts that piece's evaluations. The same dropout masks throughout."""
         segments = tuple(int(k) for k in segments)
         if not segments or min(segments) < 2:
