@@ -173,7 +173,7 @@ def correction_segments(budget: int, pieces: int) -> tuple[int, ...]:
 
 
 def predict_corrected(model: eqx.Module, x, segments, key=None, z0=None) -> Prediction:
-    """As [`predict`][] for the DEQ model solved in `segments` pieces (fixed-point correction):
+    """As `predict` for the DEQ model solved in `segments` pieces (fixed-point correction):
     `logits [pieces, 10]`, one per piece's end; the statistics are the whole solve's."""
     if not isinstance(model, nn.DEQTransformer):
         raise UsageError("fixed-point correction (--corrections) needs the DEQ model")
