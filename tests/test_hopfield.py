@@ -132,12 +132,16 @@ def test_default_solve_reaches_the_fixed_point_of_repeated_updates():
     assert max(gaps) < 1e-2, gaps
 
 
-def _hopfield_update_steps_reference(params, state, stored, beta, heads, steps, eps, drop=None):
+def _hopfield_update_steps_reference(
+    params, state, stored, beta, heads, steps, eps, drop=None, extra=None
+):
     """A dense float64 formula of the update-steps mode (projections, `steps` plain updates
     per head with the association-change stop, output), written without eqattn."""
     wq, wk, wv, wo = params
     split = lambda x: x.reshape(x.shape[0], heads, -1).transpose(1, 0, 2)  # noqa: E731
     xi, k, v = split(state @ wq.T), split(stored @ wk.T), split(stored @ wv.T)
+    if extra is not None:  # extra projected keys [h, e, d] and values [h, e, dv]
+        k, v = jnp.concatenate([k, extra[0]], 1), jnp.concatenate([v, extra[1]], 1)
     assoc = lambda xi: jax.nn.softmax(beta * jnp.einsum("hnd,hmd->hnm", xi, k), -1)  # noqa: E731
     a = assoc(xi)
     active = jnp.full(heads, steps > 0)
@@ -155,9 +159,9 @@ def _hopfield_update_steps_reference(params, state, stored, beta, heads, steps, 
     return out @ wo.T
 
 
-def _update_steps_layer(steps, eps, key=jax.random.key(0), **kw):
+def _update_steps_layer(steps, eps, key=jax.random.key(0), value_dim=8, **kw):
     return eqattn.nn.Hopfield(
-        6, 5, 2, key=key, hidden_dim=6, value_dim=8, out_dim=7, beta=1.5,
+        6, 5, 2, key=key, hidden_dim=6, value_dim=value_dim, out_dim=7, beta=1.5,
         normalize_state=False, normalize_stored=False, normalize_projected=False,
         update_steps=steps, update_steps_eps=eps, dtype=jnp.float64, **kw,
     )  # fmt: skip
@@ -238,3 +242,46 @@ def test_association_dropout(rng):
     assert pooling(stored, key=key).shape == (1, 5)
     with pytest.raises(ValueError, match=r"`dropout` must be in \[0, 1\)"):
         _update_steps_layer(2, 0.0, dropout=1.0)
+
+
+def test_zero_association_matches_hopfield_layers():
+    # hopfield-layers' add_zero_association (2 update steps, copied weights;
+    # tests/fixtures/make_hflayers_update_steps.py), and padding of the stored patterns still
+    # equal to cutting them, with the zero pattern appended.
+    fixture = json.loads(
+        (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
+    )
+    entry = fixture["options"]["add_zero_association"]
+    w = {name: jnp.asarray(v) for name, v in entry["weights"].items()}
+    state, stored = np.asarray(fixture["state"]), np.asarray(fixture["stored"])
+    layer = _update_steps_layer(
+        2, fixture["update_steps_eps"], value_dim=entry["value_dim"], add_zero_association=True
+    )
+    layer = eqx.tree_at(_projections, layer, (w["query"], w["key"], w["value"], w["output"]))
+    np.testing.assert_allclose(layer(state, stored), entry["output"], rtol=1e-11, atol=1e-14)
+    padded = np.concatenate([stored, np.full((2, stored.shape[1]), 1e3)])
+    keep = np.arange(len(padded)) < len(stored)
+    np.testing.assert_allclose(
+        layer(state, padded, padding_mask=keep), entry["output"], rtol=1e-11, atol=1e-14
+    )
+    assert layer.association(state, stored).shape == (2, 3, len(stored) + 1)
+
+
+def test_bias_patterns_against_a_dense_formula(rng):
+    # concat_bias_pattern: a learned projected key and value appended to the stored patterns'
+    # (then the zero pattern, when both are on), in the solve and in the output.
+    state, stored = rng.normal(size=(3, 6)), rng.normal(size=(8, 5))
+    layer = _update_steps_layer(2, 0.0, concat_bias_pattern=True, add_zero_association=True)
+    bias_key, bias_value = rng.normal(size=6), rng.normal(size=8)
+    layer = eqx.tree_at(lambda lay: (lay.bias_key, lay.bias_value), layer, (bias_key, bias_value))
+    extra = (
+        np.stack([bias_key.reshape(2, 3), np.zeros((2, 3))], axis=1),
+        np.stack([bias_value.reshape(2, 4), np.zeros((2, 4))], axis=1),
+    )
+    expected = _hopfield_update_steps_reference(
+        _projections(layer), state, stored, float(layer.attention.beta[0]), 2, 2, 0.0,
+        extra=extra,
+    )  # fmt: skip
+    np.testing.assert_allclose(layer(state, stored), expected, rtol=1e-12, atol=1e-14)
+    plain = _update_steps_layer(2, 0.0)
+    assert not np.allclose(plain(state, stored), expected)

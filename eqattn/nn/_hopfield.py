@@ -67,6 +67,12 @@ class Hopfield(AbstractEquilibriumLayer):
     - `dropout`: dropout on the output's association weights $\\mathrm{softmax}(\\beta K\\xi^*)$
       (as hopfield-layers' `dropout`; the solve itself is not dropped); `inference` turns it
       off, and `eqx.nn.inference_mode(model)` sets it (a call's `inference=` overrides it).
+    - `add_zero_association`: append a stored pattern whose projected key and value are zero
+      (a logit of 0 that every query can attend to); `concat_bias_pattern`: append a learned
+      projected key and value (initialized N(0, 0.02^2)). Both take part in the solve and
+      the output like the stored patterns (bias first), as hopfield-layers' options of these
+      names intend (its `concat_bias_pattern` leaves its outputs unchanged: its core never
+      appends the patterns).
     - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
       iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
       matmul precision can resolve): the concave-convex update never increases the energy, so it
@@ -93,6 +99,9 @@ class Hopfield(AbstractEquilibriumLayer):
     update_steps_eps: float = eqx.field(static=True)
     dropout: float = eqx.field(static=True)
     inference: bool
+    bias_key: Float[Array, " hidden"] | None
+    bias_value: Float[Array, " value"] | None
+    zero_association: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -117,6 +126,8 @@ class Hopfield(AbstractEquilibriumLayer):
         update_steps_eps: float = 1e-4,
         dropout: float = 0.0,
         inference: bool = False,
+        add_zero_association: bool = False,
+        concat_bias_pattern: bool = False,
         dtype=None,
     ):
         stored_dim = state_dim if stored_dim is None else stored_dim
@@ -156,6 +167,31 @@ class Hopfield(AbstractEquilibriumLayer):
         self.update_steps_eps = update_steps_eps
         self.dropout = dropout
         self.inference = inference
+        self.zero_association = add_zero_association
+        self.bias_key = self.bias_value = None
+        if concat_bias_pattern:
+            kk, kv = jax.random.split(jax.random.fold_in(key, 1))
+            dt = dtype or jnp.result_type(float)
+            hidden = self.attention.query_proj.out_features
+            self.bias_key = 0.02 * jax.random.normal(kk, (hidden,), dt)
+            self.bias_value = 0.02 * jax.random.normal(
+                kv, (self.attention.value_proj.out_features,), dt
+            )
+
+    def _append(self, x, bias):
+        """`x [heads, m, d]` with the bias pattern (`bias [heads * d]` or None) and the zero
+        pattern appended along m, as configured."""
+        h, _, d = x.shape
+        parts = [x]
+        if bias is not None:
+            parts.append(bias.reshape(h, 1, d).astype(x.dtype))
+        if self.zero_association:
+            parts.append(jnp.zeros((h, 1, d), x.dtype))
+        return jnp.concatenate(parts, axis=1) if len(parts) > 1 else x
+
+    def _values(self, stored_n):
+        v = split_heads(jax.vmap(self.attention.value_proj)(stored_n), self.attention.num_heads)
+        return self._append(v, self.bias_value)
 
     def _patterns(self, state, stored, association_mask, padding_mask):
         check_tokens(state, self.state_dim, "state")
@@ -172,6 +208,11 @@ class Hopfield(AbstractEquilibriumLayer):
         q0, k = self.attention.project(state, stored)
         if self.normalize_projected:
             q0, k = renormalize(q0), renormalize(k)
+        extra = (self.bias_key is not None) + self.zero_association
+        if extra:
+            k = self._append(k, self.bias_key)
+            if mask is not None:  # the appended patterns are never masked
+                mask = jnp.concatenate([mask, jnp.ones((mask.shape[0], extra), bool)], axis=1)
         return q0, k, stored, mask
 
     def update(self, xi, xi0, keys, mask=None):
@@ -240,7 +281,7 @@ class Hopfield(AbstractEquilibriumLayer):
         """The output and the `Equilibrium` of the projected state patterns."""
         q0, k, stored_n, mask = self._patterns(state, stored, association_mask, padding_mask)
         eq = self._solve(q0, k, mask, max_steps)
-        v = split_heads(jax.vmap(self.attention.value_proj)(stored_n), self.attention.num_heads)
+        v = self._values(stored_n)
         inference = self.inference if inference is None else inference
         if self.dropout == 0 or inference:
             out = attention(eq.value, k, v, beta=self.attention.beta, mask=mask)
@@ -294,7 +335,8 @@ class Hopfield(AbstractEquilibriumLayer):
     def association(
         self, state, stored, *, association_mask=None, padding_mask=None
     ) -> Float[Array, "heads n m"]:
-        """The softmax (association) matrix $\\mathrm{softmax}(\\beta K\\xi^*)$ per head."""
+        """The softmax (association) matrix $\\mathrm{softmax}(\\beta K\\xi^*)$ per head,
+        `[heads, n, m]` (plus the bias and zero patterns' columns, last, when configured)."""
         q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
         xi = self._solve(q0, k, mask, None).value
         return attention_weights(xi, k, beta=self.attention.beta, mask=mask)
