@@ -244,27 +244,45 @@ def test_association_dropout(rng):
         _update_steps_layer(2, 0.0, dropout=1.0)
 
 
-def test_zero_association_matches_hopfield_layers():
-    # hopfield-layers' add_zero_association (2 update steps, copied weights;
-    # tests/fixtures/make_hflayers_update_steps.py), and padding of the stored patterns still
-    # equal to cutting them, with the zero pattern appended.
+@pytest.mark.parametrize("option", ["add_zero_association", "input_bias"])
+def test_options_match_hopfield_layers(option):
+    # hopfield-layers' add_zero_association and input_bias (2 update steps, copied weights and
+    # biases; tests/fixtures/make_hflayers_update_steps.py), and padding of the stored patterns
+    # still equal to cutting them.
     fixture = json.loads(
         (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
     )
-    entry = fixture["options"]["add_zero_association"]
+    entry = fixture["options"][option]
     w = {name: jnp.asarray(v) for name, v in entry["weights"].items()}
     state, stored = np.asarray(fixture["state"]), np.asarray(fixture["stored"])
+    kw = {
+        "add_zero_association": dict(add_zero_association=True),
+        "input_bias": dict(use_bias=True),
+    }
     layer = _update_steps_layer(
-        2, fixture["update_steps_eps"], value_dim=entry["value_dim"], add_zero_association=True
+        2, fixture["update_steps_eps"], value_dim=entry["value_dim"], **kw[option]
     )
     layer = eqx.tree_at(_projections, layer, (w["query"], w["key"], w["value"], w["output"]))
+    if option == "input_bias":
+        b = np.asarray(entry["in_proj_bias"])
+        a = layer.attention
+        layer = eqx.tree_at(
+            lambda lay: tuple(
+                getattr(lay.attention, p).bias
+                for p in ("query_proj", "key_proj", "value_proj", "output_proj")
+            ),
+            layer,
+            (b[:6], b[6:12], b[12:], np.asarray(entry["out_proj_bias"])),
+        )
+        assert a.query_proj.bias.shape == (6,) and a.value_proj.bias.shape == (8,)
     np.testing.assert_allclose(layer(state, stored), entry["output"], rtol=1e-11, atol=1e-14)
     padded = np.concatenate([stored, np.full((2, stored.shape[1]), 1e3)])
     keep = np.arange(len(padded)) < len(stored)
     np.testing.assert_allclose(
         layer(state, padded, padding_mask=keep), entry["output"], rtol=1e-11, atol=1e-14
     )
-    assert layer.association(state, stored).shape == (2, 3, len(stored) + 1)
+    extra = option == "add_zero_association"
+    assert layer.association(state, stored).shape == (2, 3, len(stored) + extra)
 
 
 def test_bias_patterns_against_a_dense_formula(rng):

@@ -55,6 +55,7 @@ class Hopfield(AbstractEquilibriumLayer):
     - `normalize_state`, `normalize_stored`: layer norm (with affine) on the raw patterns;
       `normalize_projected`: renormalize the projected patterns per head.
     - `output_projection`: apply $W_o$ (else the heads' outputs are concatenated).
+    - `use_bias`: biases on the four projections (hopfield-layers' `input_bias`).
     - `injection`: $\\alpha > 0$ above.
     - `update_steps`: `None` (default) solves to the equilibrium; an int $k \\ge 0$ instead
       applies $k$ plain updates $\\xi \\leftarrow K^\\top\\mathrm{softmax}(\\beta K\\xi)$ from
@@ -118,6 +119,7 @@ class Hopfield(AbstractEquilibriumLayer):
         normalize_stored: bool = True,
         normalize_projected: bool = True,
         output_projection: bool = True,
+        use_bias: bool = False,
         injection: float = 0.1,
         solver: AbstractFixedPointSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
@@ -149,6 +151,7 @@ class Hopfield(AbstractEquilibriumLayer):
             value_dim=value_dim,
             out_dim=out_dim,
             output_projection=output_projection,
+            use_bias=use_bias,
             beta=beta,
             dtype=dtype,
         )
