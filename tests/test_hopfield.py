@@ -303,3 +303,23 @@ def test_bias_patterns_against_a_dense_formula(rng):
     np.testing.assert_allclose(layer(state, stored), expected, rtol=1e-12, atol=1e-14)
     plain = _update_steps_layer(2, 0.0)
     assert not np.allclose(plain(state, stored), expected)
+
+
+def test_activation_and_fixed_patterns(rng):
+    # association_activation applies to the output; trainable=False stops the gradient at the
+    # pooling queries / lookup patterns and nowhere else.
+    state, stored = rng.normal(size=(3, 6)), rng.normal(size=(8, 5))
+    plain = _update_steps_layer(2, 0.0)
+    relu = _update_steps_layer(2, 0.0, association_activation=jax.nn.relu)
+    np.testing.assert_allclose(relu(state, stored), np.maximum(plain(state, stored), 0))
+    x = jnp.asarray(rng.normal(size=(4, 5)))
+    for cls, arg, field in (
+        (eqattn.nn.HopfieldPooling, x, "queries"),
+        (eqattn.nn.HopfieldLayer, x[:3], "patterns"),
+    ):
+        extra = (6,) if cls is eqattn.nn.HopfieldLayer else ()
+        for trainable in (True, False):
+            model = cls(5, *extra, key=jax.random.key(2), trainable=trainable, dtype=jnp.float64)
+            g = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(m(arg))))(model)
+            assert np.any(np.asarray(getattr(g, field)) != 0) == trainable
+            assert np.any(np.asarray(g.hopfield.attention.query_proj.weight) != 0)

@@ -16,6 +16,7 @@ $W_o\,[V^\top\mathrm{softmax}(\beta K\xi^*)]_h$ with $V = W_v y$.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -56,6 +57,8 @@ class Hopfield(AbstractEquilibriumLayer):
       `normalize_projected`: renormalize the projected patterns per head.
     - `output_projection`: apply $W_o$ (else the heads' outputs are concatenated).
     - `use_bias`: biases on the four projections (hopfield-layers' `input_bias`).
+    - `association_activation`: a function applied to the output (hopfield-layers' option of
+      this name, e.g. `jax.nn.relu`); after the solve, so the energy view is unchanged.
     - `injection`: $\\alpha > 0$ above.
     - `update_steps`: `None` (default) solves to the equilibrium; an int $k \\ge 0$ instead
       applies $k$ plain updates $\\xi \\leftarrow K^\\top\\mathrm{softmax}(\\beta K\\xi)$ from
@@ -100,6 +103,7 @@ class Hopfield(AbstractEquilibriumLayer):
     update_steps_eps: float = eqx.field(static=True)
     dropout: float = eqx.field(static=True)
     inference: bool
+    association_activation: Callable | None
     bias_key: Float[Array, " hidden"] | None
     bias_value: Float[Array, " value"] | None
     zero_association: bool = eqx.field(static=True)
@@ -120,6 +124,7 @@ class Hopfield(AbstractEquilibriumLayer):
         normalize_projected: bool = True,
         output_projection: bool = True,
         use_bias: bool = False,
+        association_activation: Callable | None = None,
         injection: float = 0.1,
         solver: AbstractFixedPointSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
@@ -171,6 +176,7 @@ class Hopfield(AbstractEquilibriumLayer):
         self.dropout = dropout
         self.inference = inference
         self.zero_association = add_zero_association
+        self.association_activation = association_activation
         self.bias_key = self.bias_value = None
         if concat_bias_pattern:
             kk, kv = jax.random.split(jax.random.fold_in(key, 1))
@@ -301,6 +307,8 @@ class Hopfield(AbstractEquilibriumLayer):
         out = merge_heads(out)
         if self.attention.output_proj is not None:
             out = jax.vmap(self.attention.output_proj)(out)
+        if self.association_activation is not None:
+            out = self.association_activation(out)
         return out, eq
 
     def __call__(
@@ -347,10 +355,12 @@ class Hopfield(AbstractEquilibriumLayer):
 
 class HopfieldPooling(eqx.Module):
     """Learned state patterns pool a set of stored patterns `[m, dim]` into `num_queries`
-    vectors `[num_queries, out_dim]` (the pooling role). Other keywords go to [`eqattn.nn.Hopfield`][]."""
+    vectors `[num_queries, out_dim]` (the pooling role); `trainable=False` keeps the queries
+    fixed (no gradient reaches them). Other keywords go to [`eqattn.nn.Hopfield`][]."""
 
     hopfield: Hopfield
     queries: Float[Array, "q dim"]
+    trainable: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -359,18 +369,21 @@ class HopfieldPooling(eqx.Module):
         *,
         key: PRNGKeyArray,
         num_queries: int = 1,
+        trainable: bool = True,
         dtype=None,
         **kwargs,
     ):
         kh, kq = jax.random.split(key)
         self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
         self.queries = jax.random.normal(kq, (num_queries, dim), dtype or jnp.result_type(float))
+        self.trainable = trainable
 
     def __call__(
         self, stored, *, padding_mask=None, max_steps=None, key=None, inference=None
     ) -> Float[Array, "q out"]:
+        queries = self.queries if self.trainable else lax.stop_gradient(self.queries)
         return self.hopfield(
-            self.queries,
+            queries,
             stored,
             padding_mask=padding_mask,
             max_steps=max_steps,
@@ -381,10 +394,12 @@ class HopfieldPooling(eqx.Module):
 
 class HopfieldLayer(eqx.Module):
     """Learned stored patterns `[num_patterns, dim]` act as a lookup table for the input state
-    patterns `[n, dim]` (the layer/memory role). Other keywords go to [`eqattn.nn.Hopfield`][]."""
+    patterns `[n, dim]` (the layer/memory role); `trainable=False` keeps them fixed (no
+    gradient reaches them). Other keywords go to [`eqattn.nn.Hopfield`][]."""
 
     hopfield: Hopfield
     patterns: Float[Array, "p dim"]
+    trainable: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -393,14 +408,15 @@ class HopfieldLayer(eqx.Module):
         num_heads: int = 1,
         *,
         key: PRNGKeyArray,
+        trainable: bool = True,
         dtype=None,
         **kwargs,
     ):
         kh, kp = jax.random.split(key)
         self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
         self.patterns = jax.random.normal(kp, (num_patterns, dim), dtype or jnp.result_type(float))
+        self.trainable = trainable
 
     def __call__(self, state, *, max_steps=None, key=None, inference=None) -> Float[Array, "n out"]:
-        return self.hopfield(
-            state, self.patterns, max_steps=max_steps, key=key, inference=inference
-        )
+        patterns = self.patterns if self.trainable else lax.stop_gradient(self.patterns)
+        return self.hopfield(state, patterns, max_steps=max_steps, key=key, inference=inference)
