@@ -133,13 +133,14 @@ def test_default_solve_reaches_the_fixed_point_of_repeated_updates():
 
 
 def _hopfield_update_steps_reference(
-    params, state, stored, beta, heads, steps, eps, drop=None, extra=None
+    params, state, stored, beta, heads, steps, eps, drop=None, extra=None, values=None
 ):
     """A dense float64 formula of the update-steps mode (projections, `steps` plain updates
     per head with the association-change stop, output), written without eqattn."""
     wq, wk, wv, wo = params
     split = lambda x: x.reshape(x.shape[0], heads, -1).transpose(1, 0, 2)  # noqa: E731
-    xi, k, v = split(state @ wq.T), split(stored @ wk.T), split(stored @ wv.T)
+    values = stored if values is None else values
+    xi, k, v = split(state @ wq.T), split(stored @ wk.T), split(values @ wv.T)
     if extra is not None:  # extra projected keys [h, e, d] and values [h, e, dv]
         k, v = jnp.concatenate([k, extra[0]], 1), jnp.concatenate([v, extra[1]], 1)
     assoc = lambda xi: jax.nn.softmax(beta * jnp.einsum("hnd,hmd->hnm", xi, k), -1)  # noqa: E731
@@ -323,3 +324,32 @@ def test_activation_and_fixed_patterns(rng):
             g = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(m(arg))))(model)
             assert np.any(np.asarray(getattr(g, field)) != 0) == trainable
             assert np.any(np.asarray(g.hopfield.attention.query_proj.weight) != 0)
+
+
+def test_lookup_with_separate_targets(rng):
+    # HopfieldLayer(separate_targets=True): keys from the lookup patterns, values from the
+    # targets (the dense formula with values projected from the targets); each table fixed by
+    # its flag.
+    state = jnp.asarray(rng.normal(size=(3, 6)))
+    kw = dict(
+        hidden_dim=6, value_dim=8, out_dim=7, beta=1.5, normalize_state=False,
+        normalize_stored=False, normalize_projected=False, update_steps=2,
+        update_steps_eps=0.0, dtype=jnp.float64,
+    )  # fmt: skip
+    layer = eqattn.nn.HopfieldLayer(6, 5, 2, key=jax.random.key(4), separate_targets=True, **kw)
+    expected = _hopfield_update_steps_reference(
+        _projections(layer.hopfield), state, layer.patterns, 1.5, 2, 2, 0.0, values=layer.targets
+    )
+    np.testing.assert_allclose(layer(state), expected, rtol=1e-12, atol=1e-14)
+    same = eqattn.nn.HopfieldLayer(6, 5, 2, key=jax.random.key(4), **kw)
+    assert not np.allclose(same(state), expected)  # without targets: values from the patterns
+    for trainable, targets_trainable in ((True, False), (False, True)):
+        fixed = eqattn.nn.HopfieldLayer(
+            6, 5, 2, key=jax.random.key(4), separate_targets=True, trainable=trainable,
+            targets_trainable=targets_trainable, **kw,
+        )  # fmt: skip
+        g = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(m(state))))(fixed)
+        assert np.any(np.asarray(g.patterns) != 0) == trainable
+        assert np.any(np.asarray(g.targets) != 0) == targets_trainable
+    with pytest.raises(ValueError, match="`values` must have as many rows"):
+        layer.hopfield(state, layer.patterns, values=layer.targets[:3])

@@ -286,10 +286,21 @@ class Hopfield(AbstractEquilibriumLayer):
         max_steps=None,
         key=None,
         inference=None,
+        values=None,
     ):
-        """The output and the `Equilibrium` of the projected state patterns."""
+        """The output and the `Equilibrium` of the projected state patterns. `values [m,
+        stored_dim]`: what the values are projected from (hopfield-layers' pattern projection;
+        default `stored`), normalized like `stored`."""
         q0, k, stored_n, mask = self._patterns(state, stored, association_mask, padding_mask)
         eq = self._solve(q0, k, mask, max_steps)
+        if values is not None:
+            check_tokens(values, self.stored_dim, "values")
+            if values.shape[0] != stored.shape[0]:
+                raise ValueError(
+                    f"`values` must have as many rows as `stored` ({stored.shape[0]}); got "
+                    f"shape {values.shape}."
+                )
+            stored_n = values if self.stored_norm is None else jax.vmap(self.stored_norm)(values)
         v = self._values(stored_n)
         inference = self.inference if inference is None else inference
         if self.dropout == 0 or inference:
@@ -321,6 +332,7 @@ class Hopfield(AbstractEquilibriumLayer):
         max_steps=None,
         key=None,
         inference=None,
+        values=None,
     ) -> Float[Array, "n out"]:
         return self.forward(
             state,
@@ -330,6 +342,7 @@ class Hopfield(AbstractEquilibriumLayer):
             max_steps=max_steps,
             key=key,
             inference=inference,
+            values=values,
         )[0]
 
     def energy(
@@ -394,12 +407,16 @@ class HopfieldPooling(eqx.Module):
 
 class HopfieldLayer(eqx.Module):
     """Learned stored patterns `[num_patterns, dim]` act as a lookup table for the input state
-    patterns `[n, dim]` (the layer/memory role); `trainable=False` keeps them fixed (no
-    gradient reaches them). Other keywords go to [`eqattn.nn.Hopfield`][]."""
+    patterns `[n, dim]` (the layer/memory role). `trainable=False` keeps them fixed (no gradient
+    reaches them); `separate_targets=True` projects the values from a second learned table
+    (hopfield-layers' `lookup_weights_as_separated`), fixed when `targets_trainable=False`
+    (its `lookup_targets_as_trainable`). Other keywords go to [`eqattn.nn.Hopfield`][]."""
 
     hopfield: Hopfield
     patterns: Float[Array, "p dim"]
+    targets: Float[Array, "p dim"] | None
     trainable: bool = eqx.field(static=True)
+    targets_trainable: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -409,14 +426,27 @@ class HopfieldLayer(eqx.Module):
         *,
         key: PRNGKeyArray,
         trainable: bool = True,
+        separate_targets: bool = False,
+        targets_trainable: bool = True,
         dtype=None,
         **kwargs,
     ):
-        kh, kp = jax.random.split(key)
+        kh, kp = jax.random.split(key)  # as before the targets existed
+        kt = jax.random.fold_in(key, 2)
         self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
-        self.patterns = jax.random.normal(kp, (num_patterns, dim), dtype or jnp.result_type(float))
+        dtype = dtype or jnp.result_type(float)
+        self.patterns = jax.random.normal(kp, (num_patterns, dim), dtype)
+        self.targets = (
+            jax.random.normal(kt, (num_patterns, dim), dtype) if separate_targets else None
+        )
         self.trainable = trainable
+        self.targets_trainable = targets_trainable
 
     def __call__(self, state, *, max_steps=None, key=None, inference=None) -> Float[Array, "n out"]:
         patterns = self.patterns if self.trainable else lax.stop_gradient(self.patterns)
-        return self.hopfield(state, patterns, max_steps=max_steps, key=key, inference=inference)
+        targets = self.targets
+        if targets is not None and not self.targets_trainable:
+            targets = lax.stop_gradient(targets)
+        return self.hopfield(
+            state, patterns, max_steps=max_steps, key=key, inference=inference, values=targets
+        )
