@@ -353,3 +353,33 @@ def test_lookup_with_separate_targets(rng):
         assert np.any(np.asarray(g.targets) != 0) == targets_trainable
     with pytest.raises(ValueError, match="`values` must have as many rows"):
         layer.hopfield(state, layer.patterns, values=layer.targets[:3])
+
+
+@pytest.mark.parametrize("option", ["static_state", "static_stored", "static_values"])
+def test_static_patterns_match_hopfield_layers(option):
+    # hopfield-layers' state/stored_pattern_as_static and pattern_projection_as_static: the raw
+    # patterns in every head (2 update steps, copied weights of the projections it uses).
+    fixture = json.loads(
+        (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
+    )
+    entry = fixture["options"][option]
+    state, stored = np.asarray(entry["state"]), np.asarray(entry["stored"])
+    layer = eqattn.nn.Hopfield(
+        state.shape[1], stored.shape[1], 2, key=jax.random.key(0), hidden_dim=6, value_dim=6,
+        out_dim=7, beta=fixture["beta"], normalize_state=False, normalize_stored=False,
+        normalize_projected=False, update_steps=2, update_steps_eps=fixture["update_steps_eps"],
+        dtype=jnp.float64, **{option: True},
+    )  # fmt: skip
+    names = {
+        "query": "query_proj",
+        "key": "key_proj",
+        "value": "value_proj",
+        "output": "output_proj",
+    }
+    for name, w in entry["weights"].items():
+        layer = eqx.tree_at(
+            lambda lay, n=names[name]: getattr(lay.attention, n).weight, layer, jnp.asarray(w)
+        )
+    np.testing.assert_allclose(layer(state, stored), entry["output"], rtol=1e-11, atol=1e-14)
+    with pytest.raises(ValueError, match=f"`{option}=True` uses the raw patterns"):
+        eqattn.nn.Hopfield(5, 5, 2, key=jax.random.key(0), hidden_dim=6, **{option: True})

@@ -77,6 +77,10 @@ class Hopfield(AbstractEquilibriumLayer):
       the output like the stored patterns (bias first), as hopfield-layers' options of these
       names intend (its `concat_bias_pattern` leaves its outputs unchanged: its core never
       appends the patterns).
+    - `static_state`, `static_stored`, `static_values`: use the (normalized) raw state / stored
+      / value patterns in every head instead of projecting them (hopfield-layers'
+      `state_pattern_as_static`, `stored_pattern_as_static`, `pattern_projection_as_static`;
+      their width must equal the per-head width, and the projection goes unused).
     - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
       iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
       matmul precision can resolve): the concave-convex update never increases the energy, so it
@@ -107,6 +111,9 @@ class Hopfield(AbstractEquilibriumLayer):
     bias_key: Float[Array, " hidden"] | None
     bias_value: Float[Array, " value"] | None
     zero_association: bool = eqx.field(static=True)
+    static_state: bool = eqx.field(static=True)
+    static_stored: bool = eqx.field(static=True)
+    static_values: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -135,6 +142,9 @@ class Hopfield(AbstractEquilibriumLayer):
         inference: bool = False,
         add_zero_association: bool = False,
         concat_bias_pattern: bool = False,
+        static_state: bool = False,
+        static_stored: bool = False,
+        static_values: bool = False,
         dtype=None,
     ):
         stored_dim = state_dim if stored_dim is None else stored_dim
@@ -176,6 +186,20 @@ class Hopfield(AbstractEquilibriumLayer):
         self.dropout = dropout
         self.inference = inference
         self.zero_association = add_zero_association
+        self.static_state, self.static_stored = static_state, static_stored
+        self.static_values = static_values
+        head = self.attention.query_proj.out_features // num_heads
+        head_value = self.attention.value_proj.out_features // num_heads
+        for flag, name, width, need, what in (
+            (static_state, "static_state", state_dim, head, "hidden_dim / num_heads"),
+            (static_stored, "static_stored", stored_dim, head, "hidden_dim / num_heads"),
+            (static_values, "static_values", stored_dim, head_value, "value_dim / num_heads"),
+        ):
+            if flag and width != need:
+                raise ValueError(
+                    f"`{name}=True` uses the raw patterns in every head, so their width "
+                    f"({width}) must equal {what} ({need})."
+                )
         self.association_activation = association_activation
         self.bias_key = self.bias_value = None
         if concat_bias_pattern:
@@ -198,8 +222,15 @@ class Hopfield(AbstractEquilibriumLayer):
             parts.append(jnp.zeros((h, 1, d), x.dtype))
         return jnp.concatenate(parts, axis=1) if len(parts) > 1 else x
 
+    def _per_head(self, proj, x, static):
+        """`x [m, d]` projected and split into heads, or (static) the same raw `x` per head."""
+        h = self.attention.num_heads
+        if static:
+            return jnp.broadcast_to(x[None], (h, *x.shape))
+        return split_heads(jax.vmap(proj)(x), h)
+
     def _values(self, stored_n):
-        v = split_heads(jax.vmap(self.attention.value_proj)(stored_n), self.attention.num_heads)
+        v = self._per_head(self.attention.value_proj, stored_n, self.static_values)
         return self._append(v, self.bias_value)
 
     def _patterns(self, state, stored, association_mask, padding_mask):
@@ -214,7 +245,8 @@ class Hopfield(AbstractEquilibriumLayer):
             state = jax.vmap(self.state_norm)(state)
         if self.stored_norm is not None:
             stored = jax.vmap(self.stored_norm)(stored)
-        q0, k = self.attention.project(state, stored)
+        q0 = self._per_head(self.attention.query_proj, state, self.static_state)
+        k = self._per_head(self.attention.key_proj, stored, self.static_stored)
         if self.normalize_projected:
             q0, k = renormalize(q0), renormalize(k)
         extra = (self.bias_key is not None) + self.zero_association
