@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ._harness import device_description, write_results
 
-SUITES = ("core", "kernel", "deq", "training", "memory", "layers", "scaling")
+SUITES = ("core", "kernel", "deq", "training", "memory", "layers", "scaling", "closure")
 
 
 def main(argv: list[str] | None = None) -> None:

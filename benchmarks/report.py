@@ -306,6 +306,25 @@ def training(payload) -> str:
     )
 
 
+def closure(payload) -> str:
+    rows = payload["rows"]
+    tilts = sorted({r["tilt"] for r in rows})
+    sizes = sorted({r["m"] for r in rows})
+    by = {(r["tilt"], r["m"]): r for r in rows}
+    slopes = payload.get("slopes_last", {})
+    return _table(
+        ["t = eta' Sigma eta", *(f"m = {m}" for m in sizes), "slope (last two m)"],
+        [
+            [
+                f"{t:g}",
+                *(f"{by[t, m]['error_mean']:.3g} ({by[t, m]['predicted']:.3g})" for m in sizes),
+                f"{slopes[str(t)]:.2f}" if str(t) in slopes else "",
+            ]
+            for t in tilts
+        ],
+    )
+
+
 SECTIONS = {
     "core": core,
     "kernel": kernel,
@@ -314,6 +333,7 @@ SECTIONS = {
     "deq": deq,
     "layers": layers,
     "scaling": scaling,
+    "closure": closure,
 }
 
 
