@@ -150,6 +150,25 @@ def _training(fig, rows):
     ax.legend(fontsize=6)
 
 
+def _closure(fig, rows):
+    ax = fig.subplots(1, 1)
+    measured = _series(rows, lambda r: r["tilt"], "m", "error_mean")
+    predicted = _series(rows, lambda r: r["tilt"], "m", "predicted")
+    for i, t in enumerate(sorted(measured)):
+        color = f"C{i}"
+        ax.plot(*zip(*measured[t]), "-o", color=color, label=f"t = {t:g}")
+        ax.plot(*zip(*predicted[t]), ":", color=color)
+    ax.set(
+        xlabel="m (keys)",
+        ylabel="|attention - (mu + Sigma eta)|",
+        title="Gaussian closure: measured (dots), sqrt(e^t (d + t) / m) (dotted)",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 PLOTS = {
     "core": _core,
     "kernel": _kernel,
@@ -158,6 +177,7 @@ PLOTS = {
     "layers": _layers,
     "scaling": _scaling,
     "deq": _deq,
+    "closure": _closure,
 }
 
 
