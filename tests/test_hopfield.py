@@ -355,7 +355,16 @@ def test_lookup_with_separate_targets(rng):
         layer.hopfield(state, layer.patterns, values=layer.targets[:3])
 
 
-@pytest.mark.parametrize("option", ["static_state", "static_stored", "static_values"])
+@pytest.mark.parametrize(
+    "option",
+    [
+        "static_state",
+        "static_stored",
+        "static_values",
+        "connected_values",
+        "connected_static_values",
+    ],
+)
 def test_static_patterns_match_hopfield_layers(option):
     # hopfield-layers' state/stored_pattern_as_static and pattern_projection_as_static: the raw
     # patterns in every head (2 update steps, copied weights of the projections it uses).
@@ -364,11 +373,14 @@ def test_static_patterns_match_hopfield_layers(option):
     )
     entry = fixture["options"][option]
     state, stored = np.asarray(entry["state"]), np.asarray(entry["stored"])
+    flags = {
+        "connected_static_values": dict(connected_values=True, static_values=True),
+    }.get(option, {option: True})
     layer = eqattn.nn.Hopfield(
         state.shape[1], stored.shape[1], 2, key=jax.random.key(0), hidden_dim=6, value_dim=6,
         out_dim=7, beta=fixture["beta"], normalize_state=False, normalize_stored=False,
         normalize_projected=False, update_steps=2, update_steps_eps=fixture["update_steps_eps"],
-        dtype=jnp.float64, **{option: True},
+        dtype=jnp.float64, **flags,
     )  # fmt: skip
     names = {
         "query": "query_proj",
@@ -381,5 +393,6 @@ def test_static_patterns_match_hopfield_layers(option):
             lambda lay, n=names[name]: getattr(lay.attention, n).weight, layer, jnp.asarray(w)
         )
     np.testing.assert_allclose(layer(state, stored), entry["output"], rtol=1e-11, atol=1e-14)
-    with pytest.raises(ValueError, match=f"`{option}=True` uses the raw patterns"):
-        eqattn.nn.Hopfield(5, 5, 2, key=jax.random.key(0), hidden_dim=6, **{option: True})
+    if option.startswith("static"):
+        with pytest.raises(ValueError, match=f"`{option}=True` uses the raw patterns"):
+            eqattn.nn.Hopfield(5, 5, 2, key=jax.random.key(0), hidden_dim=6, **flags)

@@ -80,7 +80,10 @@ class Hopfield(AbstractEquilibriumLayer):
     - `static_state`, `static_stored`, `static_values`: use the (normalized) raw state / stored
       / value patterns in every head instead of projecting them (hopfield-layers'
       `state_pattern_as_static`, `stored_pattern_as_static`, `pattern_projection_as_static`;
-      their width must equal the per-head width, and the projection goes unused).
+      their width must equal the per-head width, and the projection goes unused);
+      `connected_values`: pass the value input through the key projection first (then through
+      the value projection, which then reads `hidden_dim` features, unless `static_values`;
+      hopfield-layers' `pattern_projection_as_connected`).
     - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
       iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
       matmul precision can resolve): the concave-convex update never increases the energy, so it
@@ -114,6 +117,7 @@ class Hopfield(AbstractEquilibriumLayer):
     static_state: bool = eqx.field(static=True)
     static_stored: bool = eqx.field(static=True)
     static_values: bool = eqx.field(static=True)
+    connected_values: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -145,6 +149,7 @@ class Hopfield(AbstractEquilibriumLayer):
         static_state: bool = False,
         static_stored: bool = False,
         static_values: bool = False,
+        connected_values: bool = False,
         dtype=None,
     ):
         stored_dim = state_dim if stored_dim is None else stored_dim
@@ -187,19 +192,31 @@ class Hopfield(AbstractEquilibriumLayer):
         self.inference = inference
         self.zero_association = add_zero_association
         self.static_state, self.static_stored = static_state, static_stored
-        self.static_values = static_values
+        self.static_values, self.connected_values = static_values, connected_values
         head = self.attention.query_proj.out_features // num_heads
         head_value = self.attention.value_proj.out_features // num_heads
+        # connected values are the key projection of the value input: `hidden_dim` wide
+        value_width = head * num_heads if connected_values else stored_dim
+        value_need = head_value * (num_heads if connected_values else 1)
         for flag, name, width, need, what in (
             (static_state, "static_state", state_dim, head, "hidden_dim / num_heads"),
             (static_stored, "static_stored", stored_dim, head, "hidden_dim / num_heads"),
-            (static_values, "static_values", stored_dim, head_value, "value_dim / num_heads"),
+            (static_values, "static_values", value_width, value_need, "value_dim / num_heads"),
         ):
             if flag and width != need:
                 raise ValueError(
                     f"`{name}=True` uses the raw patterns in every head, so their width "
                     f"({width}) must equal {what} ({need})."
                 )
+        if connected_values and not static_values:  # the value projection reads hidden_dim
+            value_proj = eqx.nn.Linear(
+                head * num_heads,
+                head_value * num_heads,
+                use_bias=use_bias,
+                key=jax.random.fold_in(key, 3),
+                dtype=dtype,
+            )
+            self.attention = eqx.tree_at(lambda a: a.value_proj, self.attention, value_proj)
         self.association_activation = association_activation
         self.bias_key = self.bias_value = None
         if concat_bias_pattern:
@@ -230,7 +247,12 @@ class Hopfield(AbstractEquilibriumLayer):
         return split_heads(jax.vmap(proj)(x), h)
 
     def _values(self, stored_n):
-        v = self._per_head(self.attention.value_proj, stored_n, self.static_values)
+        a = self.attention
+        if self.connected_values:  # through the key projection, then (unless static) W_v
+            x = jax.vmap(a.key_proj)(stored_n)
+            v = split_heads(x if self.static_values else jax.vmap(a.value_proj)(x), a.num_heads)
+        else:
+            v = self._per_head(a.value_proj, stored_n, self.static_values)
         return self._append(v, self.bias_value)
 
     def _patterns(self, state, stored, association_mask, padding_mask):
