@@ -41,8 +41,6 @@ def _check(state, patterns, mask):
             f"`mask` must be boolean with shape [..., m] broadcasting to the batch {batch} "
             f"with m = {m} stored patterns; got {mask.dtype} {mask.shape}."
         )
-    # Masked patterns are inert: NaN or Inf there reaches neither the result nor the gradients.
-    patterns = jnp.where(mask[..., None], patterns, 0)
     return state, patterns, mask
 
 
@@ -69,6 +67,10 @@ def hopfield_energy(
     **Returns:** `[...]`.
     """
     state, patterns, mask = _check(state, patterns, mask)
+    if mask is not None:
+        # The core already ignores masked keys; the norms below must too (NaN or Inf in a
+        # masked pattern reaches neither the energy nor its gradients).
+        patterns = jnp.where(mask[..., None], patterns, 0)
     beta_ = jnp.asarray(beta)
     core_mask = None if mask is None else mask[..., None, :]
     lse = log_normalizer(state[..., None, :], patterns, beta=beta, mask=core_mask)[..., 0]
