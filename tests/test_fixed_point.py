@@ -392,3 +392,24 @@ def test_bad_arguments():
         eqattn.Broyden(rtol=0.0, atol=0.0)
     with pytest.raises(ValueError, match="`solver`"):
         eqattn.fixed_point(lambda z, _: z, jnp.zeros(3), solver="anderson")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_anderson_small_solve_matches_numpy(rng, dtype):
+    """Anderson's unrolled m x m solve against LAPACK in float64, on the ridged Gram matrices it
+    sees: nearly collinear residuals (condition number up to about 1e8) and empty slots."""
+    from eqattn._solve._solvers import _solve_spd
+
+    for m, spread in [(1, 1.0), (3, 1.0), (5, 1e-2), (5, 1e-4), (8, 1e-3)]:
+        g = rng.normal(size=(1, 40)) + spread * rng.normal(size=(m, 40))
+        h = g @ g.T
+        h += 1e-4 * np.max(np.diag(h)) * np.eye(m)
+        b = (np.arange(m) < max(1, m - 1)).astype(float)
+        if m > 2:
+            h[-1, :] = h[:, -1] = 0
+            h[-1, -1] = 1  # an empty slot: the identity, right-hand side 0
+        ref = np.linalg.solve(h, b)
+        got = np.asarray(_solve_spd(jnp.asarray(h, dtype), jnp.asarray(b, dtype)), np.float64)
+        # backward stable: the error is about cond(h) eps relative
+        tol = np.linalg.cond(h) * np.finfo(dtype).eps * 10
+        np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())

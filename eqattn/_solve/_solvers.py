@@ -91,6 +91,21 @@ class Picard(AbstractFixedPointSolver):
         return x + self.damping * (fx - x), state
 
 
+def _solve_spd(h, b):
+    """`h^-1 b` for a small symmetric positive definite `h [m, m]` by Gaussian elimination without
+    pivoting (stable for SPD matrices), unrolled over the static `m`: elementwise operations that
+    fuse into the solver's step, where a LAPACK/cuSOLVER call is one more kernel per step."""
+    m = h.shape[0]
+    for k in range(m):  # forward elimination
+        factor = h[k + 1 :, k] / h[k, k]
+        h = h.at[k + 1 :, :].add(-factor[:, None] * h[k])
+        b = b.at[k + 1 :].add(-factor * b[k])
+    x = jnp.zeros_like(b)
+    for k in reversed(range(m)):  # back substitution
+        x = x.at[k].set((b[k] - h[k, k + 1 :] @ x[k + 1 :]) / h[k, k])
+    return x
+
+
 class Anderson(AbstractFixedPointSolver):
     r"""Anderson acceleration (type II) with a history of `history_size` iterates.
 
@@ -144,7 +159,7 @@ class Anderson(AbstractFixedPointSolver):
         h = h + (self.ridge * scale + jnp.finfo(x.dtype).tiny) * jnp.eye(m, dtype=x.dtype)
         # In at least float32: LAPACK has no bf16/fp16 solve, and m x m costs nothing.
         wide = jnp.promote_types(x.dtype, jnp.float32)
-        w = jnp.linalg.solve(h.astype(wide), valid.astype(wide))
+        w = _solve_spd(h.astype(wide), valid.astype(wide))
         alpha = (w / jnp.sum(w)).astype(x.dtype)
         return alpha @ ys, state
 
