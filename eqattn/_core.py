@@ -54,7 +54,7 @@ def check_implementation(implementation, need_lse: bool) -> None:
         )
 
 
-def _compute_dtype(*dtypes) -> jnp.dtype:
+def compute_dtype(*dtypes) -> jnp.dtype:
     """Softmax and accumulation dtype: at least float32 (bf16/fp16 inputs are upcast)."""
     return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
 
@@ -181,6 +181,17 @@ def _finalize(stats):
     return acc / jnp.where(total > 0, total, 1)[..., None], lse
 
 
+def merge_partials(a, b):
+    r"""`(out, lse)` of the union of two disjoint sets of keys from each set's `(out, lse)`:
+    $\mathrm{lse} = \log(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b})$,
+    $\mathrm{out} = e^{\mathrm{lse}_a - \mathrm{lse}}\,\mathrm{out}_a
+    + e^{\mathrm{lse}_b - \mathrm{lse}}\,\mathrm{out}_b$ (an empty set has `lse = -inf`).
+    The online softmax's one merge (`_merge_stats`), on normalized pairs."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    stats = (lse_a, jnp.ones_like(lse_a), out_a), (lse_b, jnp.ones_like(lse_b), out_b)
+    return _finalize(_merge_stats(*stats))
+
+
 def _tile_forward(q, k, v, beta, mask, dtype):
     return _finalize(_block_stats(q, k, v, beta, mask, dtype))
 
@@ -289,10 +300,11 @@ def _backward_tiled(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, tile):
             dk_acc, dv_acc, db_acc = carry
             return (dk_acc + dk, dv_acc + dv, db_acc + dbeta), dq
 
+        # `zeros_like`: the carry has the inputs' type, device-varying ones too (`shard_map`).
         init = (
-            jnp.zeros(kb.shape, dtype),
-            jnp.zeros(vb.shape, dtype),
-            jnp.zeros((), dtype),
+            jnp.zeros_like(kb, dtype),
+            jnp.zeros_like(vb, dtype),
+            jnp.zeros_like(bb, dtype, shape=()),
         )
         (dk, dv, dbeta), dq = lax.scan(step, init, (*rows_in, _row_tiles(mb, tile, rows)))
         return _from_tiles(dq)[:n], dk, dv, dbeta
@@ -320,9 +332,9 @@ def _forward_chunked(q, k, v, beta, mask, dtype, chunk):
     kb, vb, mb = _key_chunks(k, v, mask, chunk)
     dv = v.shape[-1]
     init = (
-        jnp.full(q.shape[:-1], -jnp.inf, dtype),
-        jnp.zeros(q.shape[:-1], dtype),
-        jnp.zeros(q.shape[:-1] + (dv,), dtype),
+        jnp.full_like(q, -jnp.inf, dtype, shape=q.shape[:-1]),
+        jnp.zeros_like(q, dtype, shape=q.shape[:-1]),
+        jnp.zeros_like(q, dtype, shape=q.shape[:-1] + (dv,)),
     )
 
     def step(stats, block):
@@ -344,7 +356,7 @@ def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chun
         )
         return (dq + dq_c, dbeta + dbeta_c), (dk_c, dv_c)
 
-    init = (jnp.zeros(q.shape, dtype), jnp.zeros(beta.shape, dtype))
+    init = (jnp.zeros_like(q, dtype), jnp.zeros_like(beta, dtype))
     (dq, dbeta), (dk, dv) = lax.scan(step, init, (kb, vb, mb))
     m = k.shape[-2]
 
@@ -384,8 +396,9 @@ def _use_tiles(q, k, budget) -> int | None:
     return rows if n > rows and n * m >= _TILE_MIN_LOGITS else None
 
 
-def _forward(q, k, v, beta, mask, chunk):
-    dtype = _compute_dtype(q.dtype, k.dtype, v.dtype)
+def forward(q, k, v, beta, mask, chunk):
+    """`(out, lse)` in the compute dtype (at least float32) of flattened inputs."""
+    dtype = compute_dtype(q.dtype, k.dtype, v.dtype)
     beta = beta.astype(dtype)
     size, explicit = chunk
     if explicit:
@@ -401,15 +414,32 @@ def _forward(q, k, v, beta, mask, chunk):
     return lax.platform_dependent(q, k, v, beta, mask, cpu=cpu, default=default)
 
 
+def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, chunk, dtype):
+    r"""`(dq, dk, dv, dbeta)` in `dtype` of one set of keys, with the weights recomputed from the
+    `lse` over all keys (which may be more than these: then these are this set's shares) and
+    $\delta = \sum g_o \odot o$; the path (one shot, query tiles, key chunks) as `forward`."""
+    args = (q, k, v, beta, mask, lse, delta, g_out, g_lse)
+    size, explicit = chunk
+    one_shot = ft.partial(_tile_backward, dtype=dtype)
+    rows = _use_tiles(q, k, _TILE_LOGITS_BACKWARD)
+    if explicit:
+        return _backward_chunked(*args, dtype=dtype, chunk=size)
+    if rows is None and size is None:
+        return one_shot(*args)
+    cpu = one_shot if rows is None else ft.partial(_backward_tiled, dtype=dtype, tile=rows)
+    default = one_shot if size is None else ft.partial(_backward_chunked, dtype=dtype, chunk=size)
+    return lax.platform_dependent(*args, cpu=cpu, default=default)
+
+
 @ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def attention_core(q, k, v, beta, mask, chunk):
     """`(out, lse)` of flattened inputs in the dtype of `v`; `chunk` from `chunk_spec`."""
-    out, lse = _forward(q, k, v, beta, mask, chunk)
+    out, lse = forward(q, k, v, beta, mask, chunk)
     return out.astype(v.dtype), lse.astype(v.dtype)
 
 
 def _core_fwd(q, k, v, beta, mask, chunk):
-    out, lse = _forward(q, k, v, beta, mask, chunk)
+    out, lse = forward(q, k, v, beta, mask, chunk)
     res = (q, k, v, beta, mask, out, lse)
     return (out.astype(v.dtype), lse.astype(v.dtype)), res
 
@@ -420,20 +450,9 @@ def _core_bwd(chunk, res, cotangents):
     dtype = out.dtype
     g_out, g_lse = g_out.astype(dtype), g_lse.astype(dtype)
     delta = jnp.sum(g_out * out, axis=-1)
-    args = (q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse)
-    size, explicit = chunk
-    one_shot = ft.partial(_tile_backward, dtype=dtype)
-    rows = _use_tiles(q, k, _TILE_LOGITS_BACKWARD)
-    if explicit:
-        dq, dk, dv, dbeta = _backward_chunked(*args, dtype=dtype, chunk=size)
-    elif rows is None and size is None:
-        dq, dk, dv, dbeta = one_shot(*args)
-    else:
-        cpu = one_shot if rows is None else ft.partial(_backward_tiled, dtype=dtype, tile=rows)
-        default = (
-            one_shot if size is None else ft.partial(_backward_chunked, dtype=dtype, chunk=size)
-        )
-        dq, dk, dv, dbeta = lax.platform_dependent(*args, cpu=cpu, default=default)
+    dq, dk, dv, dbeta = backward(
+        q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse, chunk, dtype
+    )
     return (
         dq.astype(q.dtype),
         dk.astype(k.dtype),

@@ -130,14 +130,14 @@ def select_implementation(
     return "chunked" if explicit or (size is not None and backend != "cpu") else "xla"
 
 
-def _as_arrays(queries, keys, values, beta, mask):
+def as_arrays(queries, keys, values, beta, mask):
     queries, keys = jnp.asarray(queries), jnp.asarray(keys)
     values = keys if values is None else jnp.asarray(values)
     mask = None if mask is None else jnp.asarray(mask)
     return queries, keys, values, jnp.asarray(beta), mask
 
 
-def _inert(queries, keys, values, mask, rank):
+def make_inert(queries, keys, values, mask, rank):
     """Zero the keys and values that no query may attend to, and the queries that may attend to
     no key: whatever they hold (NaN, inf) then reaches neither the output nor the gradients,
     which equal those of the problem without them (a masked logit is dropped, but 0 * NaN in a
@@ -158,10 +158,9 @@ def dispatch(
     queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool
 ) -> tuple[jax.Array, jax.Array | None]:
     """Validate, choose the implementation, run it: `(out, lse)` (`lse` None from cuDNN)."""
-    queries, keys, values, beta, mask = _as_arrays(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask = as_arrays(queries, keys, values, beta, mask)
     batch = _core.check_inputs(queries, keys, values, beta, mask)
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"`chunk_size` must be a positive int or None; got {chunk_size!r}.")
+    check_chunk_size(chunk_size)
     choice = select_implementation(
         queries,
         keys,
@@ -171,16 +170,38 @@ def dispatch(
         chunk_size=chunk_size,
         need_lse=need_lse,
     )
-    if not _core.is_concrete(beta):
-        # Checked eagerly when concrete (check_inputs). A traced beta that is not finite and > 0
-        # makes the output NaN, loudly wrong rather than plausibly: a runtime error here would
-        # cost a device-to-host sync per call (XLA conditionals on GPUs), inside solver loops too.
-        beta = jnp.where(jnp.isfinite(beta) & (beta > 0), beta, jnp.nan)
+    beta = guard_beta(beta)
     if mask is not None:
-        queries, keys, values = _inert(queries, keys, values, mask, len(batch))
+        queries, keys, values = make_inert(queries, keys, values, mask, len(batch))
     if choice == "cudnn":
         return _cudnn_attention(queries, keys, values, beta, mask, batch), None
+    q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
+    if choice == "pallas":
+        out, lse = pallas_attention_core(q, k, v, b, mask)
+    else:
+        chunk = _core.chunk_spec(q.shape[-2], k.shape[-2], chunk_size, implementation)
+        out, lse = _core.attention_core(q, k, v, b, mask, chunk)
+    return out.reshape(batch + out.shape[-2:]), lse.reshape(batch + lse.shape[-1:])
 
+
+def check_chunk_size(chunk_size) -> None:
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"`chunk_size` must be a positive int or None; got {chunk_size!r}.")
+
+
+def guard_beta(beta):
+    """`beta`, or NaN where a traced `beta` is not finite and > 0 (checked eagerly when concrete,
+    by `check_inputs`): the output is then NaN, loudly wrong rather than plausibly. A runtime
+    error would cost a device-to-host sync per call (XLA conditionals on GPUs), inside solver
+    loops too."""
+    if _core.is_concrete(beta):
+        return beta
+    return jnp.where(jnp.isfinite(beta) & (beta > 0), beta, jnp.nan)
+
+
+def flatten(queries, keys, values, beta, mask, batch):
+    """Checked inputs as the core takes them: `q [B, n, d]`, `k [B, m, d]`, `v [B, m, dv]` in their
+    common dtype, `beta [B]` (at least float32) and `mask [1 or B, 1 or n, m]`."""
     (n, d), (m, dv) = queries.shape[-2:], values.shape[-2:]
     dtype = jnp.result_type(queries, keys, values)
     B = int(np.prod(batch, dtype=np.int64))
@@ -198,12 +219,7 @@ def dispatch(
         else:  # leading axes all of size 1 (or none)
             rows = mask.reshape(mask.shape[-2:]) if mask.ndim >= 2 else mask
             mask = jnp.broadcast_to(rows, (mask_n, m)).reshape(1, mask_n, m)
-    if choice == "pallas":
-        out, lse = pallas_attention_core(q, k, v, b, mask)
-    else:
-        chunk = _core.chunk_spec(n, m, chunk_size, implementation)
-        out, lse = _core.attention_core(q, k, v, b, mask, chunk)
-    return out.reshape(batch + (n, dv)), lse.reshape(batch + (n,))
+    return q, k, v, b, mask
 
 
 def _cudnn_attention(queries, keys, values, beta, mask, batch):
@@ -242,6 +258,6 @@ def _cudnn_attention(queries, keys, values, beta, mask, batch):
 
 def cudnn_attention(queries, keys, values, *, beta, mask):
     """[`eqattn.attention`][] through cuDNN's kernel, whatever the selection rule says (tests)."""
-    queries, keys, values, beta, mask = _as_arrays(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask = as_arrays(queries, keys, values, beta, mask)
     batch = _core.check_inputs(queries, keys, values, beta, mask)
     return _cudnn_attention(queries, keys, values, beta, mask, batch)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from ._core import _compute_dtype
+from ._core import compute_dtype
 
 
 def renormalize(
@@ -26,7 +26,7 @@ def renormalize(
     x = jnp.asarray(x)
     if eps < 0:
         raise ValueError(f"`eps` must be >= 0; got {eps}.")
-    xf = x.astype(_compute_dtype(x.dtype))
+    xf = x.astype(compute_dtype(x.dtype))
     mean = jnp.mean(xf, axis=axis, keepdims=True)
     centred = xf - mean
     var = jnp.mean(centred * centred, axis=axis, keepdims=True)
@@ -48,7 +48,7 @@ def standardize_tokens(
     x = jnp.asarray(x)
     if x.ndim < 2:
         raise ValueError(f"`x` must have shape [..., n, d]; got shape {x.shape}.")
-    xf = x.astype(_compute_dtype(x.dtype))
+    xf = x.astype(compute_dtype(x.dtype))
     centred = xf - jnp.mean(xf, axis=-2, keepdims=True)
     cov = jnp.einsum("...ni,...nj->...ij", centred, centred) / x.shape[-2]
     evals, evecs = jnp.linalg.eigh(cov)

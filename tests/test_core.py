@@ -318,3 +318,21 @@ def test_mask_with_leading_unit_axes(rng, implementation):
         out, lse = eqattn.attention_with_lse(q, k, v, mask=mask, implementation=implementation)
         ref_out, ref_lse = reference.attention_with_lse(q, k, v, 1.0, mask)
         _assert_matches(out, lse, ref_out, ref_lse, 1e-12)
+
+
+def test_merge_partials_gives_attention_over_the_union_of_the_keys(rng):
+    from eqattn._core import merge_partials
+
+    q, k, v = rng.normal(size=(6, 3)), rng.normal(size=(9, 3)) * 8, rng.normal(size=(9, 2))
+    mask = rng.random((6, 9)) > 0.4
+    mask[0] = False  # attends to nothing: lse -inf, out 0
+    mask[1, :4] = False  # nothing in the first set
+    mask[2, 4:] = False  # nothing in the second set
+    a = reference.attention_with_lse(q, k[:4], v[:4], 1.0, mask[:, :4])
+    b = reference.attention_with_lse(q, k[4:], v[4:], 1.0, mask[:, 4:])
+    out, lse = merge_partials(a, b)
+    ref_out, ref_lse = reference.attention_with_lse(q, k, v, 1.0, mask)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], rtol=1e-12)

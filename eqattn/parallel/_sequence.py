@@ -22,10 +22,17 @@ from .._attention import attention_with_lse
 from .._core import check_inputs
 
 
-def _varying(x, axis):
+def varying(x, axis):
     if hasattr(lax, "pcast"):
         return lax.pcast(x, axis, to="varying")
     return lax.pvary(x, axis)  # jax < 0.8
+
+
+def check_axis(mesh, axis) -> None:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}.")
+    if axis not in mesh.shape:
+        raise ValueError(f"`axis` {axis!r} is not an axis of `mesh` (axes {dict(mesh.shape)}).")
 
 
 def _combine(out, lse, axis):
@@ -75,8 +82,7 @@ def sharded_attention_with_lse(
     beta = jnp.asarray(beta)
     mask = None if mask is None else jnp.asarray(mask)
     check_inputs(queries, keys, values, beta, mask)
-    if axis not in mesh.shape:
-        raise ValueError(f"`axis` {axis!r} is not an axis of `mesh` (axes {dict(mesh.shape)}).")
+    check_axis(mesh, axis)
     size, m = mesh.shape[axis], keys.shape[-2]
     if m % size:
         raise ValueError(
@@ -101,8 +107,8 @@ def sharded_attention_with_lse(
     def local(q, k, v, b, msk):
         # The core's custom VJP must see one kind of input: make the replicated ones
         # device-varying too (whose transpose sums their cotangents over `axis`).
-        q, b = _varying(q, axis), _varying(b, axis)
-        msk = msk if msk is None or split_mask else _varying(msk, axis)
+        q, b = varying(q, axis), varying(b, axis)
+        msk = msk if msk is None or split_mask else varying(msk, axis)
         out, lse = attention_with_lse(q, k, v, beta=b, mask=msk, chunk_size=chunk_size)
         out, lse = _combine(out, lse, axis)
         return out.astype(values.dtype), lse.astype(values.dtype)
