@@ -31,7 +31,14 @@ from .._solve._precision import precision_rtol
 from ._implicit import Norm, apply_norm, check_norm
 from ._io import Pooling, embed_tokens, init_io, read_out
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
+from ._multihead import (
+    MultiHeadAttention,
+    check_dims,
+    check_mask,
+    check_sequence,
+    check_tokens,
+    shard_tokens,
+)
 
 
 def block_map(block, z, injection=None, mask=None, drop=None):
@@ -91,7 +98,9 @@ class DEQBlock(AbstractEquilibriumLayer):
     `norm_first` (pre-norm instead of post-norm); `norm` (`"layer"` or `"tokens"`); `dropout`
     (variational: one mask per solve, the same at every iteration); `inference` (dropout off;
     `eqx.nn.inference_mode(model)` sets it, and a call's `inference=True/False` overrides it, as
-    for `eqx.nn.Dropout`); `solver`, `adjoint`, `throw` as in [`eqattn.fixed_point`][].
+    for `eqx.nn.Dropout`); `solver`, `adjoint`, `throw` as in [`eqattn.fixed_point`][];
+    `sequence`, an [`eqattn.parallel.SequenceSplit`][]: the tokens split over a mesh axis (ring
+    attention, the solve on the sharded state).
     """
 
     attention: MultiHeadAttention
@@ -122,14 +131,16 @@ class DEQBlock(AbstractEquilibriumLayer):
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
         inference: bool = False,
+        sequence=None,
         dtype=None,
     ):
         check_dims(dim, num_heads)
         check_norm(norm)
         check_dropout(dropout)
+        check_sequence(sequence)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, ki, k1, k2 = jax.random.split(key, 4)
-        self.attention = MultiHeadAttention(dim, num_heads, key=ka, dtype=dtype)
+        self.attention = MultiHeadAttention(dim, num_heads, key=ka, sequence=sequence, dtype=dtype)
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
         self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
@@ -152,14 +163,14 @@ class DEQBlock(AbstractEquilibriumLayer):
 
     def step(self, z, injection, mask=None, drop=None):
         """One application of the block's map (see the module docstring)."""
-        return block_map(self, z, injection, mask, drop)
+        return shard_tokens(self.attention.sequence, block_map(self, z, injection, mask, drop))
 
     def _prepare(self, x, mask, key, inference):
         """The solve's arguments: the injection, the mask and the dropout masks."""
         check_tokens(x, self.dim)
         n = x.shape[0]
         mask = check_mask(mask, n, n)
-        injection = self.injection(x)
+        injection = shard_tokens(self.attention.sequence, self.injection(x))
         return injection, mask, draw_dropout(self, key, inference, n, injection.dtype)
 
     def equilibrium(

@@ -27,7 +27,14 @@ from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
+from ._multihead import (
+    MultiHeadAttention,
+    check_dims,
+    check_mask,
+    check_sequence,
+    check_tokens,
+    shard_tokens,
+)
 
 Norm = Literal["layer", "tokens"]
 
@@ -57,6 +64,8 @@ class ImplicitAttention(AbstractEquilibriumLayer):
       (standardize the token cloud, [`eqattn.standardize_tokens`][]).
     - `beta`: initial inverse temperature of every head (default $1/\sqrt{d_h}$), learned per head.
     - `throw`: raise (inside `jit` too) when the solve does not converge.
+    - `sequence`: an [`eqattn.parallel.SequenceSplit`][]: the tokens split over a mesh axis,
+      attention by [`eqattn.parallel.ring_attention`][], the solve on the sharded state.
 
     Acts on one example `x [tokens, dim]` (use `jax.vmap` for a batch); `mask` is boolean,
     broadcasting to `[tokens, tokens]`, `True` where token i may attend to token j.
@@ -82,12 +91,16 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         norm: Norm = "layer",
         beta: float | None = None,
         throw: bool = False,
+        sequence=None,
         dtype=None,
     ):
         check_dims(dim, num_heads)
         check_norm(norm)
+        check_sequence(sequence)
         ka, ki = jax.random.split(key)
-        self.attention = MultiHeadAttention(dim, num_heads, key=ka, beta=beta, dtype=dtype)
+        self.attention = MultiHeadAttention(
+            dim, num_heads, key=ka, beta=beta, sequence=sequence, dtype=dtype
+        )
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
         self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
@@ -103,7 +116,8 @@ class ImplicitAttention(AbstractEquilibriumLayer):
 
     def step(self, z: Float[Array, "n dim"], injection: Float[Array, "n dim"], mask=None):
         """One application of the layer's map $z \\mapsto \\mathrm{RN}(z + \\mathrm{MHA}(z) + Ux)$."""
-        return apply_norm(self.norm, z + self.attention(z, z, mask=mask) + injection)
+        z = apply_norm(self.norm, z + self.attention(z, z, mask=mask) + injection)
+        return shard_tokens(self.attention.sequence, z)
 
     def equilibrium(
         self,
@@ -118,8 +132,8 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         check_tokens(x, self.dim)
         n = x.shape[0]
         mask = check_mask(mask, n, n)
-        injection = self.injection(x)
-        z0 = jnp.zeros_like(injection) if z0 is None else z0
+        injection = shard_tokens(self.attention.sequence, self.injection(x))
+        z0 = jnp.zeros_like(injection) if z0 is None else shard_tokens(self.attention.sequence, z0)
         return self.solve(ImplicitAttention.step, z0, injection, mask, max_steps=max_steps)
 
     def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:

@@ -11,6 +11,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._attention import attention, attention_weights, merge_heads, split_heads
 from .._core import Implementation, check_implementation
+from ..parallel._ring import SequenceSplit, ring_attention
 
 
 def check_dims(dim: int, num_heads: int, name: str = "dim") -> int:
@@ -45,12 +46,33 @@ def check_mask(mask, n: int, m: int, name: str = "mask"):
     return mask
 
 
+def check_sequence(sequence, implementation: str = "auto"):
+    if sequence is not None and not isinstance(sequence, SequenceSplit):
+        raise TypeError(
+            f"`sequence` must be an eqattn.parallel.SequenceSplit or None; got "
+            f"{type(sequence).__name__}."
+        )
+    if sequence is not None and implementation != "auto":
+        raise ValueError(
+            f"`sequence` (ring attention over a mesh) and `implementation={implementation!r}` "
+            "exclude each other: ring attention runs the core on each device's blocks."
+        )
+    return sequence
+
+
+def shard_tokens(sequence, x):
+    """`x [..., tokens, dim]` sharded along its tokens as `sequence` says (None: as it is)."""
+    return x if sequence is None else sequence.constrain(x)
+
+
 class MultiHeadAttention(eqx.Module):
     r"""$\mathrm{MHA}(u, w) = W_o\,[\mathrm{attention}(u W_q^h, w W_k^h, w W_v^h;\ \beta_h)]_h$.
 
     The inverse temperatures are learned as $\log\beta_h$, initialized to $1/\sqrt{d_h}$.
     `implementation` chooses the attention kernel (see [`eqattn.select_implementation`][]; `"auto"`
-    takes cuDNN's on a GPU for bf16/fp16 without a mask).
+    takes cuDNN's on a GPU for bf16/fp16 without a mask). `sequence`, an
+    [`eqattn.parallel.SequenceSplit`][], splits the tokens over a mesh axis and attends with
+    [`eqattn.parallel.ring_attention`][] instead.
     Acts on one example: `queries [n, query_dim]`, `keys [m, key_dim]` -> `[n, out_dim]`.
     """
 
@@ -61,6 +83,7 @@ class MultiHeadAttention(eqx.Module):
     log_beta: Float[Array, " heads"]
     num_heads: int = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
+    sequence: SequenceSplit | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -76,6 +99,7 @@ class MultiHeadAttention(eqx.Module):
         use_bias: bool = False,
         beta: float | None = None,
         implementation: Implementation = "auto",
+        sequence: SequenceSplit | None = None,
         dtype=None,
     ):
         key_dim = query_dim if key_dim is None else key_dim
@@ -101,6 +125,7 @@ class MultiHeadAttention(eqx.Module):
         self.num_heads = num_heads
         check_implementation(implementation, need_lse=False)
         self.implementation = implementation
+        self.sequence = check_sequence(sequence, implementation)
 
     @property
     def beta(self) -> Float[Array, " heads"]:
@@ -124,9 +149,14 @@ class MultiHeadAttention(eqx.Module):
         v = split_heads(
             jax.vmap(self.value_proj)(keys if values is None else values), self.num_heads
         )
-        out = merge_heads(
-            attention(q, k, v, beta=self.beta, mask=mask, implementation=self.implementation)
-        )
+        if self.sequence is None:
+            out = attention(q, k, v, beta=self.beta, mask=mask, implementation=self.implementation)
+        else:
+            split = self.sequence
+            out = ring_attention(
+                q, k, v, mesh=split.mesh, axis=split.axis, beta=self.beta, mask=mask
+            )
+        out = merge_heads(out)
         return out if self.output_proj is None else jax.vmap(self.output_proj)(out)
 
     def association(self, queries, keys, *, mask=None) -> Float[Array, "heads n m"]:

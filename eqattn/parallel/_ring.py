@@ -1,0 +1,366 @@
+r"""Ring attention: queries, keys and values all split along the sequence over a mesh axis.
+
+Each of the $P$ devices keeps its block of $n/P$ queries and passes its block of $m/P$ keys and
+values to the next device, $P$ times around the ring (`jax.lax.ppermute`), so that every query
+block meets every key block once. Each meeting gives the block's `(out, lse)` from the core's
+`forward`, merged into the query block's running pair by the online softmax's merge
+(`merge_partials`):
+
+$$\mathrm{lse} = \log\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right), \qquad
+  \mathrm{out} = e^{\mathrm{lse}_a - \mathrm{lse}}\,\mathrm{out}_a
+               + e^{\mathrm{lse}_b - \mathrm{lse}}\,\mathrm{out}_b .$$
+
+The backward pass (a custom VJP) sends the key/value blocks around the ring again, each with
+the accumulators of its gradients: a device adds its queries' shares to the block in hand
+(weights recomputed from the saved global `lse`, as in the one-device core) and passes it on;
+after $P$ moves every block is home with its full gradient. A device holds its own blocks,
+one block in flight and its outputs: $O((n + m) d / P)$ memory, forward and backward.
+
+Causal attention (query $i$ sees keys $j \le i$) splits the sequence into $2P$ chunks and gives
+device $i$ chunks $i$ and $2P - 1 - i$ (the "zig-zag" order): every device then has the same
+number of chunk pairs to compute at every ring step (two, three on its own block) and skips the
+pairs that causality masks entirely. A contiguous split would leave device 0 idle for all
+but one step and give device $P - 1$ all the work; a striped split balances the work too but
+masks half of every block, so it can skip none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools as ft
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from .. import _core
+from .._implementation import as_arrays, check_chunk_size, flatten, guard_beta, make_inert
+from ._sequence import check_axis, varying
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ring:
+    """The static description of one ring computation (per device)."""
+
+    axis: str
+    size: int  # devices on the ring
+    causal: bool
+    chunk_size: int | None
+
+
+def _zigzag(n: int, size: int) -> np.ndarray:
+    """Positions in the order the devices hold them: device i gets chunks i and 2P - 1 - i."""
+    chunks = np.arange(n).reshape(2 * size, n // (2 * size))
+    return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(size)])
+
+
+def _pairs(ring: _Ring, me, src, nl: int, ml: int):
+    """The (query rows, key rows, key columns of the full mask, chunk indices) this device
+    computes when it holds the key block of device `src`. Without causality one pair: all
+    local queries with all keys in hand. With it, the four pairs of chunks (half blocks)."""
+    if not ring.causal:
+        return [(slice(0, nl), slice(0, ml), src * ml, None)]
+    c, last = nl // 2, 2 * ring.size - 1
+    q_chunks = [(slice(0, c), me), (slice(c, nl), last - me)]
+    k_chunks = [(slice(0, c), src, 0), (slice(c, ml), last - src, c)]
+    return [
+        (rows, keys, src * ml + offset, (qi, ki))
+        for rows, qi in q_chunks
+        for keys, ki, offset in k_chunks
+    ]
+
+
+def _pair_mask(msk, rows, col, width, chunks, c):
+    """The mask of one pair: the user's (rows of the local queries, `width` columns from `col` of
+    the full key axis) and, with causality, key position <= query position."""
+    out = None
+    if msk is not None:
+        sub = msk if msk.shape[1] == 1 else msk[:, rows]
+        out = lax.dynamic_slice_in_dim(sub, col, width, axis=-1)
+    if chunks is not None:
+        qi, ki = chunks
+        causal = (ki * c + jnp.arange(c))[None, :] <= (qi * c + jnp.arange(c))[:, None]
+        out = causal[None] if out is None else out & causal[None]
+    return out
+
+
+def _block_forward(ring, me, src, q, k, v, b, msk, acc):
+    """Merge this device's queries' pairs with the key block of device `src` into `acc`."""
+    nl, ml = q.shape[1], k.shape[1]
+    out, lse = acc
+    dtype = out.dtype
+    for rows, keys, col, chunks in _pairs(ring, me, src, nl, ml):
+        qx, ky, vy = q[:, rows], k[:, keys], v[:, keys]
+        mask = _pair_mask(msk, rows, col, ky.shape[1], chunks, nl // 2)
+        chunk = _core.chunk_spec(qx.shape[1], ky.shape[1], ring.chunk_size, "auto")
+        partial = lambda: _core.forward(qx, ky, vy, b, mask, chunk)  # noqa: B023, E731
+        if chunks is None:
+            new = partial()
+        else:
+            empty = (
+                varying(jnp.zeros(out[:, rows].shape, dtype), ring.axis),
+                varying(jnp.full(lse[:, rows].shape, -jnp.inf, dtype), ring.axis),
+            )
+            new = lax.cond(chunks[1] <= chunks[0], partial, lambda: empty)  # noqa: B023
+        o, s = _core.merge_partials((out[:, rows], lse[:, rows]), new)
+        out, lse = out.at[:, rows].set(o), lse.at[:, rows].set(s)
+    return out, lse
+
+
+def _shift(ring: _Ring, *xs):
+    """Every device sends `xs` to the next device on the ring."""
+    perm = [(j, (j + 1) % ring.size) for j in range(ring.size)]
+    return lax.ppermute(xs, ring.axis, perm)
+
+
+def _ring_forward(ring: _Ring, q, k, v, b, msk):
+    dtype = _core.compute_dtype(q.dtype, k.dtype, v.dtype)
+    me = lax.axis_index(ring.axis)
+    b = b.astype(dtype)
+    acc = (
+        varying(jnp.zeros(q.shape[:-1] + v.shape[-1:], dtype), ring.axis),
+        varying(jnp.full(q.shape[:-1], -jnp.inf, dtype), ring.axis),
+    )
+
+    def body(t, carry):
+        acc, k, v = carry
+        sent = _shift(ring, k, v)  # on its way while this block is computed
+        acc = _block_forward(ring, me, (me - t) % ring.size, q, k, v, b, msk, acc)
+        return (acc, *sent)
+
+    acc, k, v = lax.fori_loop(0, ring.size - 1, body, (acc, k, v))
+    return _block_forward(ring, me, (me + 1) % ring.size, q, k, v, b, msk, acc)
+
+
+def _block_backward(ring, me, src, res, k, v, grads):
+    """Add this device's queries' gradient shares with the key block of device `src`."""
+    q, b, msk, lse, delta, g_out, g_lse, dtype = res
+    dq, dbeta, dk, dv = grads
+    nl, ml = q.shape[1], k.shape[1]
+    for rows, keys, col, chunks in _pairs(ring, me, src, nl, ml):
+        qx, ky, vy = q[:, rows], k[:, keys], v[:, keys]
+        mask = _pair_mask(msk, rows, col, ky.shape[1], chunks, nl // 2)
+        chunk = _core.chunk_spec(qx.shape[1], ky.shape[1], ring.chunk_size, "auto")
+        args = (qx, ky, vy, b, mask, lse[:, rows], delta[:, rows], g_out[:, rows])
+
+        def partial(args=args, rows=rows, chunk=chunk):
+            return _core.backward(*args, g_lse[:, rows], chunk, dtype)
+
+        if chunks is None:
+            d = partial()
+        else:
+            zeros = (
+                jnp.zeros(qx.shape, dtype),
+                jnp.zeros(ky.shape, dtype),
+                jnp.zeros(vy.shape, dtype),
+                jnp.zeros(b.shape, dtype),
+            )
+            zeros = tuple(varying(z, ring.axis) for z in zeros)
+            d = lax.cond(chunks[1] <= chunks[0], partial, lambda zeros=zeros: zeros)
+        dq = dq.at[:, rows].add(d[0])
+        dk, dv = dk.at[:, keys].add(d[1]), dv.at[:, keys].add(d[2])
+        dbeta = dbeta + d[3]
+    return dq, dbeta, dk, dv
+
+
+def _ring_backward(ring: _Ring, residuals, cotangents):
+    q, k, v, b, msk, out, lse = residuals
+    dtype = out.dtype
+    g_out, g_lse = (g.astype(dtype) for g in cotangents)
+    delta = jnp.sum(g_out * out, axis=-1)
+    b = b.astype(dtype)
+    me = lax.axis_index(ring.axis)
+    res = (q, b, msk, lse, delta, g_out, g_lse, dtype)
+    grads = tuple(varying(jnp.zeros(x.shape, dtype), ring.axis) for x in (q, b))
+
+    def body(t, carry):
+        dq, dbeta, k, v, dk, dv = carry
+        dq, dbeta, dk, dv = _block_backward(
+            ring, me, (me - t) % ring.size, res, k, v, (dq, dbeta, dk, dv)
+        )
+        return (dq, dbeta, *_shift(ring, k, v, dk, dv))
+
+    dk0 = varying(jnp.zeros(k.shape, dtype), ring.axis)
+    dv0 = varying(jnp.zeros(v.shape, dtype), ring.axis)
+    dq, dbeta, k, v, dk, dv = lax.fori_loop(0, ring.size - 1, body, (*grads, k, v, dk0, dv0))
+    dq, dbeta, dk, dv = _block_backward(
+        ring, me, (me + 1) % ring.size, res, k, v, (dq, dbeta, dk, dv)
+    )
+    dk, dv = _shift(ring, dk, dv)  # home: each block's gradient, complete
+    return (
+        dq.astype(q.dtype),
+        dk.astype(k.dtype),
+        dv.astype(v.dtype),
+        dbeta.astype(residuals[3].dtype),
+        None,
+    )
+
+
+@ft.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ring_core(ring: _Ring, q, k, v, b, msk):
+    """Per device: `(out, lse)` in the compute dtype of its queries against all keys."""
+    return _ring_forward(ring, q, k, v, b, msk)
+
+
+def _ring_core_fwd(ring, q, k, v, b, msk):
+    out, lse = _ring_forward(ring, q, k, v, b, msk)
+    return (out, lse), (q, k, v, b, msk, out, lse)
+
+
+_ring_core.defvjp(_ring_core_fwd, _ring_backward)
+
+
+def ring_attention_with_lse(
+    queries: Float[ArrayLike, "*#batch n d"],
+    keys: Float[ArrayLike, "*#batch m d"],
+    values: Float[ArrayLike, "*#batch m dv"] | None = None,
+    *,
+    mesh: Mesh,
+    axis: str,
+    beta: float | Float[ArrayLike, "*#batch"] = 1.0,
+    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    causal: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
+    r"""[`eqattn.attention_with_lse`][] with the queries, keys and values all split along the
+    sequence over the mesh axis `axis` (ring attention, via `jax.shard_map`).
+
+    With $P$ devices on `axis`, each holds $n/P$ queries and their outputs and, one block at a
+    time, $m/P$ keys and values that travel around the ring: per-device memory
+    $O((n + m)\,d / P)$ plus one block's logits, forward and backward (a custom VJP that sends
+    the key/value blocks around again with their gradients). The same semantics as the
+    one-device core: `beta` per batch element (differentiable), masks broadcasting to
+    `[..., n, m]` (a per-query mask is split with the queries; each device keeps its rows of
+    it), fully masked queries with `lse = -inf` and `out = 0`, masked keys and values inert.
+
+    **Arguments:** as [`eqattn.attention_with_lse`][], and
+
+    - `mesh`: a `jax.sharding.Mesh`; `axis`: the name of its axis to split the sequence over.
+      $n$ and $m$ must be multiples of its size $P$ ($2P$ with `causal`).
+    - `causal`: query $i$ attends to keys $j \le i$ only (needs $n = m$), combined with `mask`.
+      The sequence is then laid out over the devices in zig-zag order (device $i$ holds the
+      chunks $i$ and $2P - 1 - i$ of $2P$), so that every device does the same work and the
+      chunk pairs that causality masks entirely are skipped; the permutation in and out is
+      done here (one all-to-all each way under `jit`).
+    - `chunk_size`: keys per block within a device's block, as in the core.
+
+    **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, sharded along `n` over
+    `axis` like the queries, equal to the one-device result up to round-off. Reverse-mode
+    differentiable (not forward mode, not twice).
+    """
+    queries, keys, values, beta, mask = as_arrays(queries, keys, values, beta, mask)
+    batch = _core.check_inputs(queries, keys, values, beta, mask)
+    check_chunk_size(chunk_size)
+    check_axis(mesh, axis)
+    size = mesh.shape[axis]
+    n, m = queries.shape[-2], keys.shape[-2]
+    parts = 2 * size if causal else size
+    if causal and n != m:
+        raise ValueError(
+            f"`causal=True` needs as many queries as keys; got queries {queries.shape}, keys "
+            f"{keys.shape}."
+        )
+    if n % parts or m % parts:
+        raise ValueError(
+            f"the numbers of queries n = {n} and keys m = {m} must be multiples of "
+            f"{'2 x ' if causal else ''}the size {size} of mesh axis {axis!r}"
+            f"{' (causal: 2 chunks per device)' if causal else ''}; got queries "
+            f"{queries.shape}, keys {keys.shape}."
+        )
+    beta = guard_beta(beta)
+    if mask is not None:
+        queries, keys, values = make_inert(queries, keys, values, mask, len(batch))
+    q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
+    if causal:
+        order = _zigzag(n, size)
+        q, k, v = q[:, order], k[:, order], v[:, order]
+        if mask is not None:
+            mask = mask[..., order] if mask.shape[1] == 1 else mask[:, order][..., order]
+    split_mask = mask is not None and mask.shape[1] == n
+    seq = P(None, axis, None)
+    in_specs = (seq, seq, seq, P(), seq if split_mask else P())
+    ring = _Ring(axis, size, causal, chunk_size)
+
+    def local(q, k, v, b, msk):
+        # The custom VJP must see one kind of input: make the replicated ones device-varying
+        # too (whose transpose sums their cotangents over `axis`).
+        b = varying(b, axis)
+        msk = msk if msk is None or split_mask else varying(msk, axis)
+        out, lse = _ring_core(ring, q, k, v, b, msk)
+        return out.astype(v.dtype), lse.astype(v.dtype)
+
+    args = (q, k, v, b, mask)
+    args = tuple(
+        None if x is None else jax.device_put(x, NamedSharding(mesh, spec))
+        for x, spec in zip(args, in_specs)
+    )
+    fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(seq, P(None, axis)))
+    out, lse = fn(*args)
+    if causal:
+        inverse = np.argsort(order)
+        out, lse = out[:, inverse], lse[:, inverse]
+    out = out.reshape(batch + out.shape[-2:])
+    lse = lse.reshape(batch + lse.shape[-1:])
+    lead = (None,) * len(batch)
+    out = jax.device_put(out, NamedSharding(mesh, P(*lead, axis, None)))
+    return out, jax.device_put(lse, NamedSharding(mesh, P(*lead, axis)))
+
+
+def ring_attention(
+    queries: Float[ArrayLike, "*#batch n d"],
+    keys: Float[ArrayLike, "*#batch m d"],
+    values: Float[ArrayLike, "*#batch m dv"] | None = None,
+    *,
+    mesh: Mesh,
+    axis: str,
+    beta: float | Float[ArrayLike, "*#batch"] = 1.0,
+    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    causal: bool = False,
+    chunk_size: int | None = None,
+) -> Float[Array, "*batch n dv"]:
+    """The output of [`eqattn.parallel.ring_attention_with_lse`][] (same arguments)."""
+    return ring_attention_with_lse(
+        queries,
+        keys,
+        values,
+        mesh=mesh,
+        axis=axis,
+        beta=beta,
+        mask=mask,
+        causal=causal,
+        chunk_size=chunk_size,
+    )[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceSplit:
+    """Where a layer's tokens live: split along the sequence over the mesh axis `axis` of `mesh`.
+
+    Given to [`eqattn.nn.ImplicitAttention`][], [`eqattn.nn.DEQBlock`][],
+    [`eqattn.nn.DEQTransformer`][] or [`eqattn.nn.MultiHeadAttention`][] as `sequence=`, it makes
+    their attention [`eqattn.parallel.ring_attention`][] and keeps the solver's state sharded
+    along the tokens: under `jit`, XLA partitions the whole solve (every other operation acts per
+    token or reduces over all of them), so the solvers' norms and inner products are global
+    reductions, every device takes the same steps and decides convergence identically, and the
+    implicit backward runs sharded too. The token count must be a multiple of the axis size.
+    """
+
+    mesh: Mesh
+    axis: str
+
+    def __post_init__(self):
+        check_axis(self.mesh, self.axis)
+
+    def constrain(self, x: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
+        """`x` with its token axis (second to last) sharded over `axis`."""
+        size = self.mesh.shape[self.axis]
+        if x.ndim < 2 or x.shape[-2] % size:
+            raise ValueError(
+                f"the number of tokens must be a multiple of the size {size} of mesh axis "
+                f"{self.axis!r} to split them over it; got shape {x.shape} (tokens, features)."
+            )
+        spec = P(*([None] * (x.ndim - 2)), self.axis, None)
+        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))

@@ -1,0 +1,238 @@
+"""Ring attention (8 CPU devices, set up in conftest) against the float64 reference: outputs,
+log-sum-exps and gradients (autodiff of a dense float64 reference), causal and masked, and
+the sharding of the result."""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import eqattn.parallel as par
+
+from . import reference
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
+
+
+def _mesh(shape, names):
+    return Mesh(np.asarray(jax.devices()[: int(np.prod(shape))]).reshape(shape), names)
+
+
+def _causal(n):
+    return np.tril(np.ones((n, n), bool))
+
+
+def _finite(x):
+    return np.where(np.isfinite(x), x, 0)
+
+
+CASES = [
+    # (mesh shape, axes, q, k, v, beta, mask shape or None, causal)
+    ((8,), ("seq",), (16, 8), (24, 8), (24, 5), (), None, False),
+    # batch and heads, beta per head, a per-query mask split with the queries
+    ((2, 4), ("data", "seq"), (2, 3, 8, 4), (2, 3, 12, 4), (2, 3, 12, 6), (3,), (8, 12), False),
+    # padding-style mask (no query axis), batch-broadcast queries
+    ((4,), ("seq",), (1, 3, 8, 4), (2, 3, 16, 4), (2, 3, 16, 4), (2, 3), (2, 1, 1, 16), False),
+    ((4,), ("seq",), (2, 16, 4), (2, 16, 4), (2, 16, 3), (2,), None, True),
+    ((8,), ("seq",), (32, 4), (32, 4), (32, 4), (), None, True),
+    ((2, 4), ("data", "seq"), (3, 16, 4), (3, 16, 4), (3, 16, 2), (3,), (3, 16, 16), True),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_ring_attention_matches_reference(rng, case, dtype):
+    mesh_shape, names, qs, ks, vs, bs, ms, causal = case
+    mesh = _mesh(mesh_shape, names)
+    q, k, v = (rng.normal(size=s).astype(dtype) for s in (qs, ks, vs))
+    beta = rng.uniform(0.5, 2.0, size=bs).astype(dtype)
+    mask = None
+    if ms is not None:
+        mask = rng.random(ms) > 0.4
+        if ms[-2] > 1:
+            mask[..., 1, :] = False  # attends to nothing: out 0, lse -inf
+    full = mask
+    if causal:
+        full = _causal(qs[-2]) if mask is None else mask & _causal(qs[-2])
+    out_shape = np.broadcast_shapes(qs[:-1] + (vs[-1],), vs[:-2] + (1, 1))
+    c = rng.normal(size=out_shape)
+
+    def loss(fn, q, k, v, beta):
+        out, lse = fn(q, k, v, beta)
+        return jnp.sum(out * c) + jnp.sum(jnp.sin(jnp.where(jnp.isfinite(lse), lse, 0)))
+
+    ring = partial(par.ring_attention_with_lse, mesh=mesh, axis="seq", mask=mask, causal=causal)
+    out, lse = jax.jit(lambda q, k, v, b: ring(q, k, v, beta=b))(q, k, v, beta)
+    assert out.dtype == dtype and lse.dtype == dtype
+    ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, full)
+    tol = 1e-10 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(out, ref_out, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    np.testing.assert_allclose(_finite(lse), _finite(ref_lse), rtol=tol, atol=tol)
+
+    grads = jax.jit(jax.grad(partial(loss, lambda *a: ring(*a[:3], beta=a[3])), (0, 1, 2, 3)))(
+        q, k, v, beta
+    )
+    f64 = [jnp.asarray(x, jnp.float64) for x in (q, k, v, beta)]
+    dense = lambda q, k, v, b: reference.dense_attention_with_lse(q, k, v, b, full)  # noqa: E731
+    ref_grads = jax.grad(partial(loss, dense), (0, 1, 2, 3))(*f64)
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == dtype
+        scale = max(1.0, float(np.abs(r).max()))
+        np.testing.assert_allclose(g, r, rtol=tol * 10, atol=tol * 10 * scale)
+
+
+def test_ring_attention_output_is_sharded_like_the_queries(rng):
+    mesh = _mesh((8,), ("seq",))
+    q = rng.normal(size=(2, 64, 8)).astype(np.float32)
+    for causal in (False, True):
+        out, lse = par.ring_attention_with_lse(q, q, mesh=mesh, axis="seq", causal=causal)
+        assert {s.data.shape for s in out.addressable_shards} == {(2, 8, 8)}
+        assert {s.data.shape for s in lse.addressable_shards} == {(2, 8)}
+
+
+def test_ring_attention_memory_falls_with_the_devices(rng):
+    """The compiled forward+backward's temporaries per device: about the local blocks (n/P x m/P
+    logits), far below the n x m/P that splitting only the keys holds."""
+    n, d = 2048, 16
+    q = jnp.asarray(rng.normal(size=(n, d)).astype(np.float32))
+
+    def temp_bytes(fn):
+        step = jax.jit(jax.grad(lambda q: jnp.sum(fn(q)[0])))
+        return step.lower(q).compile().memory_analysis().temp_size_in_bytes
+
+    mesh = _mesh((8,), ("seq",))
+    ring = temp_bytes(lambda q: par.ring_attention_with_lse(q, q, mesh=mesh, axis="seq"))
+    keys_only = temp_bytes(lambda q: par.sharded_attention_with_lse(q, q, mesh=mesh, axis="seq"))
+    block = (n // 8) ** 2 * 4  # one block of float32 logits
+    assert ring < 8 * block < keys_only
+
+
+def test_ring_attention_masked_keys_are_inert(rng):
+    mesh = _mesh((4,), ("seq",))
+    q, k, v = (rng.normal(size=(2, 16, 4)) for _ in range(3))
+    mask = np.ones((2, 1, 16), bool)
+    mask[:, :, 3] = mask[:, :, 12] = False
+    k[:, 3], v[:, 12] = np.nan, np.inf
+
+    def loss(q, k, v):
+        return jnp.sum(par.ring_attention(q, k, v, mesh=mesh, axis="seq", mask=mask) ** 2)
+
+    grads = jax.grad(loss, (0, 1, 2))(q, k, v)
+    keep = mask[0, 0]
+    ref = partial(reference.dense_attention_with_lse, beta=1.0)
+    ref_grads = jax.grad(lambda q, k, v: jnp.sum(ref(q, k, v)[0] ** 2), (0, 1, 2))(
+        q, k[:, keep], v[:, keep]
+    )
+    np.testing.assert_allclose(grads[0], ref_grads[0], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(grads[1][:, keep], ref_grads[1], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(grads[2][:, keep], ref_grads[2], rtol=1e-10, atol=1e-10)
+    assert np.all(grads[1][:, ~keep] == 0) and np.all(grads[2][:, ~keep] == 0)
+
+
+def test_ring_attention_chunks_within_a_device(rng):
+    mesh = _mesh((2,), ("seq",))
+    q, k, v = (rng.normal(size=(32, 4)) for _ in range(3))
+    out = par.ring_attention(q, k, v, mesh=mesh, axis="seq", chunk_size=4, causal=True)
+    ref, _ = reference.attention_with_lse(q, k, v, 1.0, _causal(32))
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_ring_attention_errors():
+    mesh = _mesh((4,), ("seq",))
+    q = jnp.ones((8, 4))
+    ring = partial(par.ring_attention_with_lse, mesh=mesh, axis="seq")
+    with pytest.raises(ValueError, match="multiples of the size 4"):
+        ring(jnp.ones((6, 4)), q)
+    with pytest.raises(ValueError, match=r"multiples of 2 x the size 4.*causal"):
+        ring(jnp.ones((12, 4)), jnp.ones((12, 4)), causal=True)
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        ring(q, jnp.ones((16, 4)), causal=True)
+    with pytest.raises(ValueError, match="not an axis of `mesh`"):
+        par.ring_attention_with_lse(q, q, mesh=mesh, axis="model")
+    with pytest.raises(TypeError, match="jax.sharding.Mesh"):
+        par.ring_attention_with_lse(q, q, mesh="seq", axis="seq")
+    with pytest.raises(ValueError, match="chunk_size"):
+        ring(q, q, chunk_size=0)
+    with pytest.raises(ValueError, match="must broadcast to"):
+        ring(q, q, mask=jnp.ones((8, 3), bool))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        ring(q, q, beta=-1.0)
+
+
+def _layers(split, key):
+    import eqattn
+
+    tight = dict(solver=eqattn.Anderson(rtol=1e-10, atol=0.0, max_steps=60))
+    return {
+        "ImplicitAttention": eqattn.nn.ImplicitAttention(
+            8, 2, key=key, sequence=split, dtype=jnp.float64, **tight
+        ),
+        "DEQBlock": eqattn.nn.DEQBlock(8, 2, key=key, sequence=split, dtype=jnp.float64, **tight),
+        "DEQTransformer": eqattn.nn.DEQTransformer(
+            3, 8, 2, key=key, in_features=4, max_len=16, sequence=split, dtype=jnp.float64, **tight
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["ImplicitAttention", "DEQBlock", "DEQTransformer"])
+def test_sequence_split_layers_match_one_device(rng, name):
+    """The solve on the token-sharded state: the same fixed point, the same number of steps and
+    the same parameter gradients as on one device."""
+    import equinox as eqx
+
+    mesh = _mesh((8,), ("seq",))
+    split = par.SequenceSplit(mesh, "seq")
+    key = jax.random.key(0)
+    sharded, one = _layers(split, key)[name], _layers(None, key)[name]
+    x = rng.normal(size=(2, 16, 4 if name == "DEQTransformer" else 8))
+    mask = np.ones((16, 16), bool)
+    mask[:, 11] = False  # a key no token may attend to
+
+    def run(layer, x):
+        if name == "DEQTransformer":
+            return jax.vmap(lambda xi: layer.forward(xi, padding_mask=mask[0]))(x)
+        eq = jax.vmap(lambda xi: layer.equilibrium(xi, mask=mask))(x)
+        return eq.value, eq
+
+    out, eq = eqx.filter_jit(run)(sharded, x)
+    ref, ref_eq = eqx.filter_jit(run)(one, x)
+    np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(eq.steps, ref_eq.steps)
+    assert np.all(eq.converged)
+
+    def loss(layer):
+        return jnp.sum(jnp.sin(run(layer, x)[0]))
+
+    g = eqx.filter_jit(eqx.filter_grad(loss))(sharded)
+    g_ref = eqx.filter_jit(eqx.filter_grad(loss))(one)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9)
+    if name != "DEQTransformer":  # the state stays split along the tokens
+        assert {s.data.shape for s in eq.value.addressable_shards} == {(2, 2, 8)}
+
+
+def test_sequence_split_errors():
+    import eqattn
+
+    mesh = _mesh((4,), ("seq",))
+    with pytest.raises(TypeError, match="SequenceSplit"):
+        eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0), sequence=(mesh, "seq"))
+    with pytest.raises(ValueError, match="not an axis"):
+        par.SequenceSplit(mesh, "model")
+    with pytest.raises(ValueError, match="exclude each other"):
+        eqattn.nn.MultiHeadAttention(
+            8,
+            2,
+            key=jax.random.key(0),
+            implementation="xla",
+            sequence=par.SequenceSplit(mesh, "seq"),
+        )
+    layer = eqattn.nn.ImplicitAttention(
+        8, 2, key=jax.random.key(0), sequence=par.SequenceSplit(mesh, "seq")
+    )
+    with pytest.raises(ValueError, match="multiple of the size 4 of mesh axis 'seq'"):
+        layer(jnp.ones((6, 8)))
