@@ -111,6 +111,27 @@ def test_ring_attention_memory_falls_with_the_devices(rng):
     assert ring < 8 * block < keys_only
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_moves_blocks_by_collective_permutes_only(causal):
+    """Compiled forward+backward on sequence-sharded inputs: the blocks travel by
+    collective-permute; nothing gathers the queries, keys or values onto one device."""
+    import re
+
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = _mesh((8,), ("seq",))
+    sharding = NamedSharding(mesh, P(None, "seq", None))
+    x = jax.device_put(jnp.ones((2, 256, 16), jnp.float32), sharding)
+
+    def loss(q, k, v):
+        return jnp.sum(par.ring_attention(q, k, v, mesh=mesh, axis="seq", causal=causal) ** 2)
+
+    step = jax.jit(jax.grad(loss, (0, 1, 2)), in_shardings=(sharding,) * 3)
+    ops = re.findall(r"= \S+ ([a-z-]+?)(?:-start)?\(", step.lower(x, x, x).compile().as_text())
+    assert "collective-permute" in ops
+    assert not {"all-gather", "all-to-all"} & set(ops)
+
+
 def test_ring_attention_masked_keys_are_inert(rng):
     mesh = _mesh((4,), ("seq",))
     q, k, v = (rng.normal(size=(2, 16, 4)) for _ in range(3))

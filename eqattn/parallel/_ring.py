@@ -57,6 +57,41 @@ def _zigzag(n: int, size: int) -> np.ndarray:
     return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(size)])
 
 
+def _chunk_home(c: int, size: int) -> tuple[int, int]:
+    """(device, slot) of chunk `c` of 2P in the zig-zag layout."""
+    return (c, 0) if c < size else (2 * size - 1 - c, 1)
+
+
+def _to_zigzag(ring: _Ring, x):
+    """Per device: from its contiguous block (chunks 2i, 2i + 1 along axis 1) to its zig-zag
+    chunks (i, 2P - 1 - i). Each of the two halves goes to one device (two `ppermute`s, no
+    gather): chunk j, the one device j keeps in front, comes from the first halves when j is
+    even and from the second halves when it is odd; the back chunk 2P - 1 - j from the other."""
+    size, c = ring.size, x.shape[1] // 2
+    first = lax.ppermute(
+        x[:, :c], ring.axis, [(i, _chunk_home(2 * i, size)[0]) for i in range(size)]
+    )
+    second = lax.ppermute(
+        x[:, c:], ring.axis, [(i, _chunk_home(2 * i + 1, size)[0]) for i in range(size)]
+    )
+    even = lax.axis_index(ring.axis) % 2 == 0
+    front, back = jnp.where(even, first, second), jnp.where(even, second, first)
+    return jnp.concatenate([front, back], axis=1)
+
+
+def _from_zigzag(ring: _Ring, x):
+    """Inverse of `_to_zigzag`."""
+    size, c = ring.size, x.shape[1] // 2
+    even = lax.axis_index(ring.axis) % 2 == 0
+    front, back = x[:, :c], x[:, c:]
+    first, second = jnp.where(even, front, back), jnp.where(even, back, front)
+    first = lax.ppermute(first, ring.axis, [(_chunk_home(2 * i, size)[0], i) for i in range(size)])
+    second = lax.ppermute(
+        second, ring.axis, [(_chunk_home(2 * i + 1, size)[0], i) for i in range(size)]
+    )
+    return jnp.concatenate([first, second], axis=1)
+
+
 def _pairs(ring: _Ring, me, src, nl: int, ml: int):
     """The (query rows, key rows, key columns of the full mask, chunk indices) this device
     computes when it holds the key block of device `src`. Without causality one pair: all
@@ -178,10 +213,11 @@ def _ring_backward(ring: _Ring, residuals, cotangents):
 
     def body(t, carry):
         dq, dbeta, k, v, dk, dv = carry
+        sent = _shift(ring, k, v)  # on its way while this block is computed
         dq, dbeta, dk, dv = _block_backward(
             ring, me, (me - t) % ring.size, res, k, v, (dq, dbeta, dk, dv)
         )
-        return (dq, dbeta, *_shift(ring, k, v, dk, dv))
+        return (dq, dbeta, *sent, *_shift(ring, dk, dv))
 
     dk0 = varying(jnp.zeros(k.shape, dtype), ring.axis)
     dv0 = varying(jnp.zeros(v.shape, dtype), ring.axis)
@@ -243,8 +279,9 @@ def ring_attention_with_lse(
     - `causal`: query $i$ attends to keys $j \le i$ only (needs $n = m$), combined with `mask`.
       The sequence is then laid out over the devices in zig-zag order (device $i$ holds the
       chunks $i$ and $2P - 1 - i$ of $2P$), so that every device does the same work and the
-      chunk pairs that causality masks entirely are skipped; the permutation in and out is
-      done here (one all-to-all each way under `jit`).
+      chunk pairs that causality masks entirely are skipped. Inputs and outputs stay in
+      sequence order: the chunks move to and from that layout with two collective permutes
+      each way.
     - `chunk_size`: keys per block within a device's block, as in the core.
 
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, sharded along `n` over
@@ -274,11 +311,6 @@ def ring_attention_with_lse(
     if mask is not None:
         queries, keys, values = make_inert(queries, keys, values, mask, len(batch))
     q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
-    if causal:
-        order = _zigzag(n, size)
-        q, k, v = q[:, order], k[:, order], v[:, order]
-        if mask is not None:
-            mask = mask[..., order] if mask.shape[1] == 1 else mask[:, order][..., order]
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
     in_specs = (seq, seq, seq, P(), seq if split_mask else P())
@@ -289,7 +321,13 @@ def ring_attention_with_lse(
         # too (whose transpose sums their cotangents over `axis`).
         b = varying(b, axis)
         msk = msk if msk is None or split_mask else varying(msk, axis)
+        if causal:  # contiguous blocks -> zig-zag chunks, by two collective permutes
+            q, k, v = (_to_zigzag(ring, x) for x in (q, k, v))
+            if msk is not None:
+                msk = (_to_zigzag(ring, msk) if split_mask else msk)[..., _zigzag(m, size)]
         out, lse = _ring_core(ring, q, k, v, b, msk)
+        if causal:
+            out, lse = _from_zigzag(ring, out), _from_zigzag(ring, lse)
         return out.astype(v.dtype), lse.astype(v.dtype)
 
     args = (q, k, v, b, mask)
@@ -299,9 +337,6 @@ def ring_attention_with_lse(
     )
     fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(seq, P(None, axis)))
     out, lse = fn(*args)
-    if causal:
-        inverse = np.argsort(order)
-        out, lse = out[:, inverse], lse[:, inverse]
     out = out.reshape(batch + out.shape[-2:])
     lse = lse.reshape(batch + lse.shape[-1:])
     lead = (None,) * len(batch)
