@@ -149,6 +149,23 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue the run in --out from its last full epoch (its saved settings)",
     )
+    dist = tr.add_argument_group(
+        "several processes (data parallel over all their devices; process 0 writes --out)"
+    )
+    dist.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="address of process 0, where the processes meet (jax.distributed.initialize)",
+    )
+    dist.add_argument("--num-processes", type=int, default=None, help="with --coordinator")
+    dist.add_argument("--process-id", type=int, default=None, help="with --coordinator: 0 .. N-1")
+    dist.add_argument(
+        "--cluster",
+        action="store_true",
+        help="join the processes of this cluster job as JAX detects it (SLURM, Open MPI, "
+        "Cloud TPU): jax.distributed.initialize() with no arguments",
+    )
 
     ev = sub.add_parser(
         "evaluate", help="test accuracy of a checkpoint and its test-time compute knob"
@@ -186,8 +203,38 @@ def _train_defaults():
     return TrainConfig()
 
 
+def _distributed(a) -> None:
+    """Join the other processes of a multi-process run, if asked to (before any JAX work)."""
+    given = [a.coordinator, a.num_processes, a.process_id]
+    if a.cluster and any(x is not None for x in given):
+        raise UsageError("--cluster detects the processes itself: no --coordinator etc. with it")
+    if not a.cluster and all(x is None for x in given):
+        return
+    if not a.cluster and any(x is None for x in given):
+        raise UsageError("--coordinator, --num-processes and --process-id go together")
+    if not a.cluster and not (a.num_processes >= 1 and 0 <= a.process_id < a.num_processes):
+        raise UsageError(
+            f"--process-id must be in 0 .. --num-processes - 1; got {a.process_id} of "
+            f"{a.num_processes}"
+        )
+    import jax
+
+    # CPU devices talk over gloo (accelerators use their own collectives).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        if a.cluster:
+            jax.distributed.initialize()
+        else:
+            jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+    except (RuntimeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CommandError(f"could not join the other processes: {first}") from None
+
+
 def _cmd_train(a) -> None:
     from ._train import TrainConfig, train
+
+    _distributed(a)
 
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -208,6 +255,10 @@ def _cmd_train(a) -> None:
         if model_config.model == "deq"
         else ""
     )
+    import jax
+
+    if jax.process_index() != 0:  # process 0 reports
+        return
     mem = metrics["step_temp_memory_mb"]
     print(
         f"{model_config.model}: test accuracy {metrics['test_accuracy']:.2%} "

@@ -89,15 +89,28 @@ class RunDirectory:
     temp files a killed run left behind, and refuses a directory that holds a run unless
     `resume` (continue it) or `overwrite` (move it aside into `replaced-<time>/`)."""
 
-    def __init__(self, out: str | os.PathLike, *, overwrite: bool = False, resume: bool = False):
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        resume: bool = False,
+        writer: bool = True,
+    ):
         if overwrite and resume:
             raise UsageError("--overwrite and --resume exclude each other")
         self.path = Path(out)
-        self.overwrite, self.resume = overwrite, resume
+        self.overwrite, self.resume, self.writer = overwrite, resume, writer
         self.moved_to: Path | None = None
         self._fd: int | None = None
 
     def __enter__(self) -> RunDirectory:
+        if not self.writer:
+            # Another process of the same run writes (and locks, and moves aside): this one only
+            # refuses what the writer refuses, so that both stop instead of one waiting for the
+            # other in a collective.
+            self._refuse()
+            return self
         writable_dir(self.path)
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -120,21 +133,25 @@ class RunDirectory:
             raise
         return self
 
-    def _prepare(self) -> None:
-        for stale in self.path.glob(TEMP_PREFIX + "*"):  # left by a killed run
-            stale.unlink(missing_ok=True)
+    def _refuse(self) -> list[str]:
+        """The run files present; raises if this run may not start on them."""
         present = [name for name in RUN_FILES if (self.path / name).exists()]
         if self.resume:
             if "checkpoint.eqx" not in present:
                 raise CommandError(f"nothing to resume: no checkpoint in {str(self.path)!r}")
-            return
-        if not present:
-            return
-        if not self.overwrite:
+        elif present and not self.overwrite:
             raise CommandError(
                 f"{str(self.path)!r} holds a run ({', '.join(present)}); pass --resume to "
                 "continue it, --overwrite to move it aside, or another --out"
             )
+        return present
+
+    def _prepare(self) -> None:
+        for stale in self.path.glob(TEMP_PREFIX + "*"):  # left by a killed run
+            stale.unlink(missing_ok=True)
+        present = self._refuse()
+        if self.resume or not present:
+            return
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         target = self.path / f"replaced-{stamp}"
         target.mkdir()

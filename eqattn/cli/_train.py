@@ -184,6 +184,10 @@ def train(
     ends where the uninterrupted run would; `model_config` and `config` are then ignored).
     Every file is written atomically and durably.
 
+    With several processes (after `jax.distributed.initialize`), each process runs this with
+    the same arguments: every batch is split over all processes' devices (data parallel), and
+    only process 0 writes the checkpoint and metrics (the others only read, for `resume`).
+
     `progress`: `True` or `"bar"`, a tqdm bar on stderr; `"lines"`, one plain line per epoch on
     stdout; `False`, neither; `None` (default), the bar when stderr is a terminal, else the lines.
     Returns the metrics, with the run's wall time split into start-up and data, compile, training
@@ -192,7 +196,8 @@ def train(
     raises `Interrupted`; a loss that turns NaN raises `CommandError` (the last epoch's
     checkpoint stays).
     """
-    with RunDirectory(out_dir, overwrite=overwrite, resume=resume) as run:
+    writer = jax.process_index() == 0
+    with RunDirectory(out_dir, overwrite=overwrite, resume=resume, writer=writer) as run:
         if run.moved_to is not None:
             print(f"moved the previous run to {run.moved_to}", file=sys.stderr)
         return _train(model_config, config, run.path, progress=progress, resume=resume)
@@ -253,6 +258,9 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
 
     warm = model_config.model == "deq" and config.warm_start
     step = make_train_step(model_config, config, optimizer)
+    writer, place = jax.process_index() == 0, _placement(warm, batch)
+    if place is not None:
+        test_x = np.asarray(test_x)  # the same in every process: a replicated input
 
     rng = np.random.default_rng(config.seed)
     x0 = jnp.asarray(data.tokenize(train_images[:batch], model_config.tokens))
@@ -274,11 +282,12 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
         history, train_time = saved["history"], saved["train_time_s"]
         first_epoch = saved["epoch"] + 1
     t_compile = time.perf_counter()
-    compiled = (
-        eqx.filter_jit(step)
-        .lower(model, opt_state, x0, train_labels[:batch], key, z_batch)
-        .compile()
-    )
+    if place is not None:  # every process compiles for the global batch over all devices
+        model, opt_state = place.replicate((model, opt_state))
+        args = (*place.batch(x0, train_labels[:batch], np.arange(batch)), place.replicate(key))
+    else:
+        args = (x0, train_labels[:batch], key)
+    compiled = eqx.filter_jit(step).lower(model, opt_state, *args, z_batch).compile()
     compile_s = time.perf_counter() - t_compile
     memory = compiled.compiled.memory_analysis()
     step_temp_mb = None if memory is None else memory.temp_size_in_bytes / 2**20
@@ -307,8 +316,8 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
         end, with that epoch's state for `--resume`)."""
         nonlocal boundary, eval_s
         t_eval = time.perf_counter()
-        preds, steps, residual, converged = evaluate(model, test_x, None)
-        acc = float(np.mean(np.asarray(preds) == digits.test_labels))  # as `evaluate` does
+        preds, steps, residual, converged = (_on_host(a) for a in evaluate(model, test_x, None))
+        acc = float(np.mean(preds == digits.test_labels))  # as `evaluate` does
         eval_s += time.perf_counter() - t_eval
         total_s = before + time.perf_counter() - t_enter
         if at_boundary:
@@ -342,6 +351,8 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
             checkpoint=str(ckpt),
             history=history,
         )
+        if not writer:  # process 0 writes
+            return metrics
         save_checkpoint(
             ckpt,
             model,
@@ -358,7 +369,7 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
     desc = f"{model_config.model} {model_config.tokens}"
     if progress is None:
         progress = "bar" if sys.stderr.isatty() else "lines"
-    progress = {True: "bar", False: "off"}.get(progress, progress)
+    progress = {True: "bar", False: "off"}.get(progress, progress) if writer else "off"
     if progress not in ("bar", "lines", "off"):
         raise ValueError(f"`progress` must be a bool, 'bar', 'lines' or None; got {progress!r}")
     bar = tqdm(total=total, desc=desc, unit="step", disable=progress != "bar", file=sys.stderr)
@@ -380,9 +391,11 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
                 idx = perm[i * batch : (i + 1) * batch]
                 key, sub = jax.random.split(key)
                 z0 = fixed_points[idx] if warm else None
-                new_model, new_state, loss, aux, z = compiled(
-                    model, opt_state, x_all[idx], train_labels[idx], sub, z0
-                )
+                if place is None:
+                    args = (x_all[idx], train_labels[idx], sub)
+                else:
+                    args = (*place.batch(x_all, train_labels, idx), place.replicate(sub))
+                new_model, new_state, loss, aux, z = compiled(model, opt_state, *args, z0)
                 if warm:
                     fixed_points[idx] = np.asarray(z)
                 values = np.array([float(loss), *(float(a) for a in aux)])
@@ -424,6 +437,53 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
     finally:
         bar.close()
     return metrics
+
+
+class _Placement:
+    """Several processes: a global batch split over every process's devices (each process
+    passes its rows), the model and optimizer state replicated."""
+
+    def __init__(self):
+        from ..parallel import data_mesh
+
+        self.mesh = data_mesh()
+
+    def batch(self, x, y, idx):
+        from ..parallel import shard_batch
+
+        rows = np.asarray(idx).reshape(jax.process_count(), -1)[jax.process_index()]
+        return shard_batch((np.asarray(x)[rows], np.asarray(y)[rows]), self.mesh)
+
+    def replicate(self, tree):
+        from ..parallel import replicate
+
+        return replicate(tree, self.mesh)
+
+
+def _placement(warm: bool, batch: int) -> _Placement | None:
+    """None in one process; else how to place the data over all processes' devices."""
+    if jax.process_count() == 1:
+        return None
+    if warm:
+        raise UsageError(
+            "--warm-start keeps every training example's fixed point in one process's memory: "
+            "not with several processes"
+        )
+    if batch % jax.device_count():
+        raise UsageError(
+            f"--batch-size ({batch}) must be a multiple of the {jax.device_count()} devices of "
+            f"the {jax.process_count()} processes"
+        )
+    return _Placement()
+
+
+def _on_host(x) -> np.ndarray:
+    """A result as a NumPy array, also when it spans several processes' devices."""
+    if getattr(x, "is_fully_addressable", True) or x.is_fully_replicated:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _points(fixed_points):

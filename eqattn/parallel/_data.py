@@ -60,5 +60,14 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     """Every array leaf of `tree` (e.g. a model's parameters and optimizer state) replicated over
     `mesh`; non-array leaves are left alone."""
     sharding = NamedSharding(mesh, P())
+
+    def put(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            # Typed PRNG keys: their data travels (device_put of a key array to devices of other
+            # processes fails).
+            data = jax.device_put(jax.random.key_data(x), sharding)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        return jax.device_put(x, sharding)
+
     arrays, rest = eqx.partition(tree, eqx.is_array)
-    return eqx.combine(jax.device_put(arrays, sharding), rest)
+    return eqx.combine(jax.tree.map(put, arrays), rest)
