@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ._harness import device_description, write_results
 
-SUITES = ("core", "kernel", "deq", "training", "memory", "layers", "scaling", "closure")
+SUITES = ("core", "kernel", "deq", "training", "memory", "layers", "scaling", "ring", "closure")
 
 
 def main(argv: list[str] | None = None) -> None:

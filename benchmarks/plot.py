@@ -96,6 +96,24 @@ def _scaling(fig, rows):
         axes[2].set_axis_off()
 
 
+def _ring(fig, rows):
+    axes = fig.subplots(1, 2)
+    memory = [r for r in rows if r["part"] == "memory"]
+    axes[0].barh([r["case"] for r in memory], [r["temp_mb"] for r in memory])
+    axes[0].set(
+        xlabel="temporary memory per device (MB)",
+        title=f"forward+backward, n = m = {memory[0]['n']}",
+    )
+    axes[0].set_xscale("log")
+    _lines(
+        axes[1],
+        _series([r for r in rows if r["part"] == "time"], lambda r: r["case"], "n", "us_per_token"),
+        "n = m",
+        "fwd+bwd time per token (us)",
+        "time per token",
+    )
+
+
 def _deq(fig, rows):
     ax = fig.subplots()
     rows = [r for r in rows if not r.get("error") and r.get("problem", "P1") == "P1"]
@@ -176,6 +194,7 @@ PLOTS = {
     "memory": _memory,
     "layers": _layers,
     "scaling": _scaling,
+    "ring": _ring,
     "deq": _deq,
     "closure": _closure,
 }

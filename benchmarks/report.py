@@ -306,6 +306,52 @@ def training(payload) -> str:
     )
 
 
+def ring(payload) -> str:
+    rows = payload["rows"]
+    memory = [r for r in rows if r["part"] == "memory"]
+    text = f"On {payload.get('devices', 'several devices')}, d = {payload.get('dim')}, float32.\n\n"
+    text += _table(
+        [
+            f"forward+backward, n = m = {memory[0]['n']}",
+            "devices",
+            "temp MB per device",
+            "of one device",
+            "collective permutes",
+            "all-gathers",
+        ],
+        [
+            [
+                r["case"],
+                r["devices"],
+                f"{r['temp_mb']:.1f}",
+                f"{r['of_one_device']:.3f}",
+                r["collective_permutes"],
+                r["all_gathers"],
+            ]
+            for r in memory
+        ],
+    )
+    times = [r for r in rows if r["part"] == "time"]
+    text += "\n\n" + _table(
+        ["case", "n = m", "fwd+bwd ms", "us per token", "x one device", "causal / plain ring"],
+        [
+            [
+                r["case"],
+                r["n"],
+                f"{r['ms']:.3g}",
+                f"{r['us_per_token']:.3g}",
+                f"{r['x_one_device']:.2f}",
+                f"{r['of_plain_ring']:.2f}" if "of_plain_ring" in r else "",
+            ]
+            for r in times
+        ],
+    )
+    skipped = next((r["skipped_pairs"] for r in times if "skipped_pairs" in r), None)
+    if skipped is not None:
+        text += f"\n\nCausal: the zig-zag schedule skips {skipped:.1%} of the chunk pairs."
+    return text
+
+
 def closure(payload) -> str:
     rows = payload["rows"]
     tilts = sorted({r["tilt"] for r in rows})
@@ -333,6 +379,7 @@ SECTIONS = {
     "deq": deq,
     "layers": layers,
     "scaling": scaling,
+    "ring": ring,
     "closure": closure,
 }
 
