@@ -108,18 +108,87 @@ def _pairs(ring: _Ring, me, src, nl: int, ml: int):
     ]
 
 
-def _pair_mask(msk, rows, col, width, chunks, c):
-    """The mask of one pair: the user's (rows of the local queries, `width` columns from `col` of
-    the full key axis) and, with causality, key position <= query position."""
-    out = None
-    if msk is not None:
-        sub = msk if msk.shape[1] == 1 else msk[:, rows]
-        out = lax.dynamic_slice_in_dim(sub, col, width, axis=-1)
-    if chunks is not None:
-        qi, ki = chunks
-        causal = (ki * c + jnp.arange(c))[None, :] <= (qi * c + jnp.arange(c))[:, None]
-        out = causal[None] if out is None else out & causal[None]
-    return out
+def _pair_mask(msk, rows, col, width):
+    """The user's mask of one pair (None without one): the rows of the local queries, `width`
+    columns from `col` of the full key axis."""
+    if msk is None:
+        return None
+    sub = msk if msk.shape[1] == 1 else msk[:, rows]
+    return lax.dynamic_slice_in_dim(sub, col, width, axis=-1)
+
+
+def _sub_mask(mask, rows, cols):
+    if mask is None:
+        return None
+    return (mask if mask.shape[1] == 1 else mask[:, rows])[..., cols]
+
+
+# A diagonal block (queries and keys at the same positions) is halved until it has at most this
+# many queries, then masked by a materialized triangle; the halves below the diagonal are full
+# blocks (no causal mask), those above it are skipped.
+_DIAG_LEAF = 512
+
+
+def _halves(n):
+    h = n // 2
+    return slice(0, h), slice(h, n)
+
+
+def _pair_forward(q, k, v, b, mask, chunk_size, diag: bool):
+    """`(out, lse)` of the queries against the keys; with `diag`, query i and key i are at the
+    same position and a key after the query is masked."""
+    n = q.shape[1]
+    if diag and (n <= _DIAG_LEAF or n % 2):
+        tril = jnp.tril(jnp.ones((n, n), bool))[None]
+        mask, diag = (tril if mask is None else mask & tril), False
+    if not diag:
+        chunk = _core.chunk_spec(n, k.shape[1], chunk_size, "auto")
+        return _core.forward(q, k, v, b, mask, chunk)
+    lo, hi = _halves(n)
+    top = _pair_forward(q[:, lo], k[:, lo], v[:, lo], b, _sub_mask(mask, lo, lo), chunk_size, True)
+    left = _pair_forward(
+        q[:, hi], k[:, lo], v[:, lo], b, _sub_mask(mask, hi, lo), chunk_size, False
+    )
+    right = _pair_forward(
+        q[:, hi], k[:, hi], v[:, hi], b, _sub_mask(mask, hi, hi), chunk_size, True
+    )
+    bottom = _core.merge_partials(left, right)
+    return tuple(jnp.concatenate([t, u], axis=1) for t, u in zip(top, bottom))
+
+
+def _pair_backward(q, k, v, b, mask, rows_in, chunk_size, dtype, diag: bool):
+    """`(dq, dk, dv, dbeta)` shares of one pair (as `_pair_forward`); `rows_in` = the queries'
+    `(lse, delta, g_out, g_lse)`."""
+    n = q.shape[1]
+    if diag and (n <= _DIAG_LEAF or n % 2):
+        tril = jnp.tril(jnp.ones((n, n), bool))[None]
+        mask, diag = (tril if mask is None else mask & tril), False
+    if not diag:
+        chunk = _core.chunk_spec(n, k.shape[1], chunk_size, "auto")
+        return _core.backward(q, k, v, b, mask, *rows_in, chunk, dtype)
+    lo, hi = _halves(n)
+
+    def part(rows, cols, diag):
+        sub = tuple(x[:, rows] for x in rows_in)
+        m = _sub_mask(mask, rows, cols)
+        return _pair_backward(
+            q[:, rows], k[:, cols], v[:, cols], b, m, sub, chunk_size, dtype, diag
+        )
+
+    top, left, right = part(lo, lo, True), part(hi, lo, False), part(hi, hi, True)
+    cat = lambda a, c: jnp.concatenate([a, c], axis=1)  # noqa: E731
+    return (
+        cat(top[0], left[0] + right[0]),
+        cat(top[1] + left[1], right[1]),
+        cat(top[2] + left[2], right[2]),
+        top[3] + left[3] + right[3],
+    )
+
+
+def _relation(chunks):
+    """0: the key chunk is after the query chunk (skip), 1: before it (full), 2: the same."""
+    qi, ki = chunks
+    return jnp.where(ki < qi, 1, jnp.where(ki == qi, 2, 0))
 
 
 def _block_forward(ring, me, src, q, k, v, b, msk, acc):
@@ -129,17 +198,20 @@ def _block_forward(ring, me, src, q, k, v, b, msk, acc):
     dtype = out.dtype
     for rows, keys, col, chunks in _pairs(ring, me, src, nl, ml):
         qx, ky, vy = q[:, rows], k[:, keys], v[:, keys]
-        mask = _pair_mask(msk, rows, col, ky.shape[1], chunks, nl // 2)
-        chunk = _core.chunk_spec(qx.shape[1], ky.shape[1], ring.chunk_size, "auto")
-        partial = lambda: _core.forward(qx, ky, vy, b, mask, chunk)  # noqa: B023, E731
+        mask = _pair_mask(msk, rows, col, ky.shape[1])
+
+        def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask):
+            return _pair_forward(qx, ky, vy, b, mask, ring.chunk_size, diag)
+
         if chunks is None:
-            new = partial()
+            new = pair(False)
         else:
             empty = (
                 varying(jnp.zeros(out[:, rows].shape, dtype), ring.axis),
                 varying(jnp.full(lse[:, rows].shape, -jnp.inf, dtype), ring.axis),
             )
-            new = lax.cond(chunks[1] <= chunks[0], partial, lambda: empty)  # noqa: B023
+            branches = [lambda empty=empty: empty, lambda: pair(False), lambda: pair(True)]
+            new = lax.switch(_relation(chunks), branches)
         o, s = _core.merge_partials((out[:, rows], lse[:, rows]), new)
         out, lse = out.at[:, rows].set(o), lse.at[:, rows].set(s)
     return out, lse
@@ -177,24 +249,18 @@ def _block_backward(ring, me, src, res, k, v, grads):
     nl, ml = q.shape[1], k.shape[1]
     for rows, keys, col, chunks in _pairs(ring, me, src, nl, ml):
         qx, ky, vy = q[:, rows], k[:, keys], v[:, keys]
-        mask = _pair_mask(msk, rows, col, ky.shape[1], chunks, nl // 2)
-        chunk = _core.chunk_spec(qx.shape[1], ky.shape[1], ring.chunk_size, "auto")
-        args = (qx, ky, vy, b, mask, lse[:, rows], delta[:, rows], g_out[:, rows])
+        mask = _pair_mask(msk, rows, col, ky.shape[1])
+        rows_in = tuple(x[:, rows] for x in (lse, delta, g_out, g_lse))
 
-        def partial(args=args, rows=rows, chunk=chunk):
-            return _core.backward(*args, g_lse[:, rows], chunk, dtype)
+        def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask, rows_in=rows_in):
+            return _pair_backward(qx, ky, vy, b, mask, rows_in, ring.chunk_size, dtype, diag)
 
         if chunks is None:
-            d = partial()
+            d = pair(False)
         else:
-            zeros = (
-                jnp.zeros(qx.shape, dtype),
-                jnp.zeros(ky.shape, dtype),
-                jnp.zeros(vy.shape, dtype),
-                jnp.zeros(b.shape, dtype),
-            )
-            zeros = tuple(varying(z, ring.axis) for z in zeros)
-            d = lax.cond(chunks[1] <= chunks[0], partial, lambda zeros=zeros: zeros)
+            zeros = tuple(varying(jnp.zeros(x.shape, dtype), ring.axis) for x in (qx, ky, vy, b))
+            branches = [lambda zeros=zeros: zeros, lambda: pair(False), lambda: pair(True)]
+            d = lax.switch(_relation(chunks), branches)
         dq = dq.at[:, rows].add(d[0])
         dk, dv = dk.at[:, keys].add(d[1]), dv.at[:, keys].add(d[2])
         dbeta = dbeta + d[3]
@@ -269,8 +335,9 @@ def ring_attention_with_lse(
     $O((n + m)\,d / P)$ plus one block's logits, forward and backward (a custom VJP that sends
     the key/value blocks around again with their gradients). The same semantics as the
     one-device core: `beta` per batch element (differentiable), masks broadcasting to
-    `[..., n, m]` (a per-query mask is split with the queries; each device keeps its rows of
-    it), fully masked queries with `lse = -inf` and `out = 0`, masked keys and values inert.
+    `[..., n, m]` (a per-query mask is split with the queries: each device keeps its rows of
+    it, $n m / P$ booleans; a mask without a query axis, such as key padding, costs $m$), fully
+    masked queries with `lse = -inf` and `out = 0`, masked keys and values inert.
 
     **Arguments:** as [`eqattn.attention_with_lse`][], and
 
