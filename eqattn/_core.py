@@ -175,10 +175,14 @@ def _merge_stats(a, b):
     return m, ta * ca + tb * cb, aa * ca[..., None] + ab * cb[..., None]
 
 
-def _finalize(stats):
+def finalize(stats):
+    """`(out, lse)` from the statistics (max, sum of exp(s - max), weighted sum) of a set of keys;
+    an empty set (total 0) gives out = 0, lse = -inf, and finite gradients."""
     smax, total, acc = stats
-    lse = _finite_or_zero(smax) + jnp.log(total)  # log(0) = -inf for a fully masked row
-    return acc / jnp.where(total > 0, total, 1)[..., None], lse
+    some = total > 0
+    safe = jnp.where(some, total, 1)
+    lse = jnp.where(some, _finite_or_zero(smax) + jnp.log(safe), -jnp.inf)
+    return acc / safe[..., None], lse
 
 
 def merge_partials(a, b):
@@ -189,11 +193,11 @@ def merge_partials(a, b):
     The online softmax's one merge (`_merge_stats`), on normalized pairs."""
     (out_a, lse_a), (out_b, lse_b) = a, b
     stats = (lse_a, jnp.ones_like(lse_a), out_a), (lse_b, jnp.ones_like(lse_b), out_b)
-    return _finalize(_merge_stats(*stats))
+    return finalize(_merge_stats(*stats))
 
 
 def _tile_forward(q, k, v, beta, mask, dtype):
-    return _finalize(_block_stats(q, k, v, beta, mask, dtype))
+    return finalize(_block_stats(q, k, v, beta, mask, dtype))
 
 
 def _tile_backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype):
@@ -341,7 +345,7 @@ def _forward_chunked(q, k, v, beta, mask, dtype, chunk):
         kc, vc, mc = block
         return _merge_stats(stats, _block_stats(q, kc, vc, beta, mc, dtype)), None
 
-    return _finalize(lax.scan(step, init, (kb, vb, mb))[0])
+    return finalize(lax.scan(step, init, (kb, vb, mb))[0])
 
 
 def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chunk):

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._attention import attention_with_lse
-from .._core import check_inputs
+from .._core import check_inputs, finalize
 
 
 def varying(x, axis):
@@ -36,16 +36,13 @@ def check_axis(mesh, axis) -> None:
 
 
 def _combine(out, lse, axis):
+    """The blocks' `(out, lse)` merged over `axis`: the online softmax's statistics rescaled to
+    the largest lse (`pmax`), summed (`psum`) and normalized by the core's `finalize`."""
     dtype = jnp.promote_types(out.dtype, jnp.float32)
     out, lse = out.astype(dtype), lse.astype(dtype)
     top = lax.pmax(lax.stop_gradient(lse), axis)
-    top = jnp.where(jnp.isfinite(top), top, 0)
-    w = jnp.exp(lse - top)  # 0 for a block where the query may attend to nothing
-    total = lax.psum(w, axis)
-    some = total > 0  # else the query may attend to no key at all: out = 0, lse = -inf
-    safe = jnp.where(some, total, 1)
-    out = lax.psum(w[..., None] * out, axis) / safe[..., None]
-    return out, jnp.where(some, top + jnp.log(safe), -jnp.inf)
+    w = jnp.exp(lse - jnp.where(jnp.isfinite(top), top, 0))  # 0 for a block with no key
+    return finalize((top, lax.psum(w, axis), lax.psum(w[..., None] * out, axis)))
 
 
 def sharded_attention_with_lse(
