@@ -2,14 +2,17 @@
 log-sum-exps and gradients (autodiff of a dense float64 reference), causal and masked, and
 the sharding of the result."""
 
+import re
 from functools import partial
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+import eqattn
 import eqattn.parallel as par
 
 from . import reference
@@ -85,6 +88,33 @@ def test_ring_attention_matches_reference(rng, case, dtype):
         np.testing.assert_allclose(g, r, rtol=tol * 10, atol=tol * 10 * scale)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_float32_equals_one_device(rng, causal):
+    """float32 on 8 devices against float32 on one: outputs, log-sum-exps and gradients within
+    1e-5 relative (of each array's largest entry)."""
+    mesh = _mesh((8,), ("seq",))
+    q, k, v = (rng.normal(size=(2, 4, 64, 16)).astype(np.float32) for _ in range(3))
+    beta = np.float32(0.5)
+    mask = _causal(64) if causal else None
+    c = rng.normal(size=(2, 4, 64, 16)).astype(np.float32)
+
+    def loss(fn, q, k, v):
+        out, lse = fn(q, k, v)
+        return jnp.sum(out * c) + jnp.sum(lse)
+
+    def ring(q, k, v):
+        return par.ring_attention_with_lse(q, k, v, mesh=mesh, axis="seq", beta=beta, causal=causal)
+
+    def one(q, k, v):
+        return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+
+    for fn in (lambda f: jax.jit(f), lambda f: jax.jit(jax.grad(partial(loss, f), (0, 1, 2)))):
+        for a, b in zip(fn(ring)(q, k, v), fn(one)(q, k, v), strict=True):
+            assert a.dtype == np.float32
+            scale = float(np.abs(b).max())
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+
+
 def test_ring_attention_output_is_sharded_like_the_queries(rng):
     mesh = _mesh((8,), ("seq",))
     q = rng.normal(size=(2, 64, 8)).astype(np.float32)
@@ -115,10 +145,6 @@ def test_ring_attention_memory_falls_with_the_devices(rng):
 def test_ring_attention_moves_blocks_by_collective_permutes_only(causal):
     """Compiled forward+backward on sequence-sharded inputs: the blocks travel by
     collective-permute; nothing gathers the queries, keys or values onto one device."""
-    import re
-
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     mesh = _mesh((8,), ("seq",))
     sharding = NamedSharding(mesh, P(None, "seq", None))
     x = jax.device_put(jnp.ones((2, 256, 16), jnp.float32), sharding)
@@ -155,12 +181,9 @@ def test_ring_attention_masked_keys_are_inert(rng):
 
 
 @pytest.mark.parametrize("n", [32, 24])
-def test_ring_attention_causal_diagonal_halving(rng, monkeypatch, n):
-    """Diagonal chunk pairs halved down to 2 queries (32: 8 -> 4 -> 2; 24: 6 -> 3, odd, a leaf),
-    with a per-query mask: outputs and gradients against the float64 reference."""
-    import eqattn.parallel._ring as ring_module
-
-    monkeypatch.setattr(ring_module, "_DIAG_LEAF", 2)
+def test_ring_attention_causal_diagonal_halving(rng, n):
+    """Diagonal chunk pairs halved down to `chunk_size` = 2 queries (32: 8 -> 4 -> 2; 24: 6 -> 3,
+    odd, a leaf), with a per-query mask: outputs and gradients against the float64 reference."""
     mesh = _mesh((2,), ("seq",))
     q, k, v = (rng.normal(size=(2, n, 4)) for _ in range(3))
     mask = rng.random((2, n, n)) > 0.2
@@ -171,7 +194,9 @@ def test_ring_attention_causal_diagonal_halving(rng, monkeypatch, n):
         out, lse = fn(q, k, v)
         return jnp.sum(out * c) + jnp.sum(jnp.sin(jnp.where(jnp.isfinite(lse), lse, 0)))
 
-    ring = partial(par.ring_attention_with_lse, mesh=mesh, axis="seq", mask=mask, causal=True)
+    ring = partial(
+        par.ring_attention_with_lse, mesh=mesh, axis="seq", mask=mask, causal=True, chunk_size=2
+    )
     out, lse = ring(q, k, v)
     ref_out, ref_lse = reference.attention_with_lse(q, k, v, 1.0, full)
     np.testing.assert_allclose(out, ref_out, rtol=1e-10, atol=1e-10)
@@ -213,8 +238,6 @@ def test_ring_attention_errors():
 
 
 def _layers(split, key):
-    import eqattn
-
     tight = dict(solver=eqattn.Anderson(rtol=1e-10, atol=0.0, max_steps=60))
     return {
         "ImplicitAttention": eqattn.nn.ImplicitAttention(
@@ -231,8 +254,6 @@ def _layers(split, key):
 def test_sequence_split_layers_match_one_device(rng, name):
     """The solve on the token-sharded state: the same fixed point, the same number of steps and
     the same parameter gradients as on one device."""
-    import equinox as eqx
-
     mesh = _mesh((8,), ("seq",))
     split = par.SequenceSplit(mesh, "seq")
     key = jax.random.key(0)
@@ -264,9 +285,24 @@ def test_sequence_split_layers_match_one_device(rng, name):
         assert {s.data.shape for s in eq.value.addressable_shards} == {(2, 2, 8)}
 
 
-def test_sequence_split_errors():
-    import eqattn
+def test_sequence_split_solve_and_backward_stay_sharded():
+    """The compiled gradient of a token-split `DEQBlock` (forward solve and implicit backward):
+    blocks move by collective permutes, norms by all-reduces, and nothing gathers the state."""
+    split = par.SequenceSplit(_mesh((8,), ("seq",)), "seq")
+    layer = eqattn.nn.DEQBlock(16, 2, key=jax.random.key(0), sequence=split)
+    params, static = eqx.partition(layer, eqx.is_array)
 
+    def grad(params, x):
+        loss = lambda layer: jnp.sum(jnp.sin(jax.vmap(layer)(x)))  # noqa: E731
+        return eqx.filter_grad(loss)(eqx.combine(params, static))
+
+    hlo = jax.jit(grad).lower(params, jnp.ones((2, 64, 16))).compile().as_text()
+    ops = re.findall(r"= \S+ ([a-z-]+?)(?:-start)?\(", hlo)
+    assert "collective-permute" in ops and "all-reduce" in ops
+    assert not {"all-gather", "all-to-all"} & set(ops)
+
+
+def test_sequence_split_errors():
     mesh = _mesh((4,), ("seq",))
     with pytest.raises(TypeError, match="SequenceSplit"):
         eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0), sequence=(mesh, "seq"))

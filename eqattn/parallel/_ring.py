@@ -21,7 +21,10 @@ device $i$ chunks $i$ and $2P - 1 - i$ (the "zig-zag" order): every device then 
 number of chunk pairs to compute at every ring step (two, three on its own block) and skips the
 pairs that causality masks entirely. A contiguous split would leave device 0 idle for all
 but one step and give device $P - 1$ all the work; a striped split balances the work too but
-masks half of every block, so it can skip none.
+masks half of every block, so it can skip none. Pairs on the diagonal are halved (down to
+`chunk_size`, default 512, queries) so that no large causal mask is ever formed: the halves below
+the diagonal are full blocks, those above it are skipped. The skip is a `lax.switch` per chunk pair
+(measured on CPU devices only).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class _Ring:
     size: int  # devices on the ring
     causal: bool
     chunk_size: int | None
+    # A diagonal block (queries and keys at the same positions) is halved until it has at most
+    # this many queries, then masked by a materialized triangle; the halves below the diagonal
+    # are full blocks (no causal mask), those above it are skipped.
+    leaf: int = 512
 
 
 def _zigzag(n: int, size: int) -> np.ndarray:
@@ -57,9 +64,9 @@ def _zigzag(n: int, size: int) -> np.ndarray:
     return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(size)])
 
 
-def _chunk_home(c: int, size: int) -> tuple[int, int]:
-    """(device, slot) of chunk `c` of 2P in the zig-zag layout."""
-    return (c, 0) if c < size else (2 * size - 1 - c, 1)
+def _chunk_home(c: int, size: int) -> int:
+    """The device of chunk `c` of 2P in the zig-zag layout."""
+    return c if c < size else 2 * size - 1 - c
 
 
 def _to_zigzag(ring: _Ring, x):
@@ -68,11 +75,9 @@ def _to_zigzag(ring: _Ring, x):
     gather): chunk j, the one device j keeps in front, comes from the first halves when j is
     even and from the second halves when it is odd; the back chunk 2P - 1 - j from the other."""
     size, c = ring.size, x.shape[1] // 2
-    first = lax.ppermute(
-        x[:, :c], ring.axis, [(i, _chunk_home(2 * i, size)[0]) for i in range(size)]
-    )
+    first = lax.ppermute(x[:, :c], ring.axis, [(i, _chunk_home(2 * i, size)) for i in range(size)])
     second = lax.ppermute(
-        x[:, c:], ring.axis, [(i, _chunk_home(2 * i + 1, size)[0]) for i in range(size)]
+        x[:, c:], ring.axis, [(i, _chunk_home(2 * i + 1, size)) for i in range(size)]
     )
     even = lax.axis_index(ring.axis) % 2 == 0
     front, back = jnp.where(even, first, second), jnp.where(even, second, first)
@@ -85,9 +90,9 @@ def _from_zigzag(ring: _Ring, x):
     even = lax.axis_index(ring.axis) % 2 == 0
     front, back = x[:, :c], x[:, c:]
     first, second = jnp.where(even, front, back), jnp.where(even, back, front)
-    first = lax.ppermute(first, ring.axis, [(_chunk_home(2 * i, size)[0], i) for i in range(size)])
+    first = lax.ppermute(first, ring.axis, [(_chunk_home(2 * i, size), i) for i in range(size)])
     second = lax.ppermute(
-        second, ring.axis, [(_chunk_home(2 * i + 1, size)[0], i) for i in range(size)]
+        second, ring.axis, [(_chunk_home(2 * i + 1, size), i) for i in range(size)]
     )
     return jnp.concatenate([first, second], axis=1)
 
@@ -123,57 +128,45 @@ def _sub_mask(mask, rows, cols):
     return (mask if mask.shape[1] == 1 else mask[:, rows])[..., cols]
 
 
-# A diagonal block (queries and keys at the same positions) is halved until it has at most this
-# many queries, then masked by a materialized triangle; the halves below the diagonal are full
-# blocks (no causal mask), those above it are skipped.
-_DIAG_LEAF = 512
-
-
 def _halves(n):
     h = n // 2
     return slice(0, h), slice(h, n)
 
 
-def _pair_forward(q, k, v, b, mask, chunk_size, diag: bool):
+def _pair_forward(ring, q, k, v, b, mask, diag: bool):
     """`(out, lse)` of the queries against the keys; with `diag`, query i and key i are at the
     same position and a key after the query is masked."""
     n = q.shape[1]
-    if diag and (n <= _DIAG_LEAF or n % 2):
+    if diag and (n <= ring.leaf or n % 2):
         tril = jnp.tril(jnp.ones((n, n), bool))[None]
         mask, diag = (tril if mask is None else mask & tril), False
     if not diag:
-        chunk = _core.chunk_spec(n, k.shape[1], chunk_size, "auto")
+        chunk = _core.chunk_spec(n, k.shape[1], ring.chunk_size, "auto")
         return _core.forward(q, k, v, b, mask, chunk)
     lo, hi = _halves(n)
-    top = _pair_forward(q[:, lo], k[:, lo], v[:, lo], b, _sub_mask(mask, lo, lo), chunk_size, True)
-    left = _pair_forward(
-        q[:, hi], k[:, lo], v[:, lo], b, _sub_mask(mask, hi, lo), chunk_size, False
-    )
-    right = _pair_forward(
-        q[:, hi], k[:, hi], v[:, hi], b, _sub_mask(mask, hi, hi), chunk_size, True
-    )
+    top = _pair_forward(ring, q[:, lo], k[:, lo], v[:, lo], b, _sub_mask(mask, lo, lo), True)
+    left = _pair_forward(ring, q[:, hi], k[:, lo], v[:, lo], b, _sub_mask(mask, hi, lo), False)
+    right = _pair_forward(ring, q[:, hi], k[:, hi], v[:, hi], b, _sub_mask(mask, hi, hi), True)
     bottom = _core.merge_partials(left, right)
     return tuple(jnp.concatenate([t, u], axis=1) for t, u in zip(top, bottom))
 
 
-def _pair_backward(q, k, v, b, mask, rows_in, chunk_size, dtype, diag: bool):
+def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
     """`(dq, dk, dv, dbeta)` shares of one pair (as `_pair_forward`); `rows_in` = the queries'
     `(lse, delta, g_out, g_lse)`."""
     n = q.shape[1]
-    if diag and (n <= _DIAG_LEAF or n % 2):
+    if diag and (n <= ring.leaf or n % 2):
         tril = jnp.tril(jnp.ones((n, n), bool))[None]
         mask, diag = (tril if mask is None else mask & tril), False
     if not diag:
-        chunk = _core.chunk_spec(n, k.shape[1], chunk_size, "auto")
+        chunk = _core.chunk_spec(n, k.shape[1], ring.chunk_size, "auto")
         return _core.backward(q, k, v, b, mask, *rows_in, chunk, dtype)
     lo, hi = _halves(n)
 
     def part(rows, cols, diag):
         sub = tuple(x[:, rows] for x in rows_in)
         m = _sub_mask(mask, rows, cols)
-        return _pair_backward(
-            q[:, rows], k[:, cols], v[:, cols], b, m, sub, chunk_size, dtype, diag
-        )
+        return _pair_backward(ring, q[:, rows], k[:, cols], v[:, cols], b, m, sub, dtype, diag)
 
     top, left, right = part(lo, lo, True), part(hi, lo, False), part(hi, hi, True)
     cat = lambda a, c: jnp.concatenate([a, c], axis=1)  # noqa: E731
@@ -201,7 +194,7 @@ def _block_forward(ring, me, src, q, k, v, b, msk, acc):
         mask = _pair_mask(msk, rows, col, ky.shape[1])
 
         def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask):
-            return _pair_forward(qx, ky, vy, b, mask, ring.chunk_size, diag)
+            return _pair_forward(ring, qx, ky, vy, b, mask, diag)
 
         if chunks is None:
             new = pair(False)
@@ -253,7 +246,7 @@ def _block_backward(ring, me, src, res, k, v, grads):
         rows_in = tuple(x[:, rows] for x in (lse, delta, g_out, g_lse))
 
         def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask, rows_in=rows_in):
-            return _pair_backward(qx, ky, vy, b, mask, rows_in, ring.chunk_size, dtype, diag)
+            return _pair_backward(ring, qx, ky, vy, b, mask, rows_in, dtype, diag)
 
         if chunks is None:
             d = pair(False)
@@ -349,7 +342,9 @@ def ring_attention_with_lse(
       chunk pairs that causality masks entirely are skipped. Inputs and outputs stay in
       sequence order: the chunks move to and from that layout with two collective permutes
       each way.
-    - `chunk_size`: keys per block within a device's block, as in the core.
+    - `chunk_size`: keys per block within a device's block, as in the core; with `causal`,
+      also the size (default 512) down to which the blocks on the diagonal are halved, so that
+      no causal mask larger than `chunk_size` x `chunk_size` is formed.
 
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, sharded along `n` over
     `axis` like the queries, equal to the one-device result up to round-off. Reverse-mode
@@ -381,7 +376,7 @@ def ring_attention_with_lse(
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
     in_specs = (seq, seq, seq, P(), seq if split_mask else P())
-    ring = _Ring(axis, size, causal, chunk_size)
+    ring = _Ring(axis, size, causal, chunk_size, leaf=chunk_size or 512)
 
     def local(q, k, v, b, msk):
         # The custom VJP must see one kind of input: make the replicated ones device-varying
