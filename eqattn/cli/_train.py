@@ -17,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from .. import data
+from ..parallel import data_mesh, replicate, shard_batch
 from ._checkpoint import FILENAME, load_train_state, read_header, save_checkpoint
 from ._errors import CommandError, Interrupted, UsageError
 from ._models import (
@@ -444,19 +446,13 @@ class _Placement:
     passes its rows), the model and optimizer state replicated."""
 
     def __init__(self):
-        from ..parallel import data_mesh
-
         self.mesh = data_mesh()
 
     def batch(self, x, y, idx):
-        from ..parallel import shard_batch
-
         rows = np.asarray(idx).reshape(jax.process_count(), -1)[jax.process_index()]
         return shard_batch((np.asarray(x)[rows], np.asarray(y)[rows]), self.mesh)
 
     def replicate(self, tree):
-        from ..parallel import replicate
-
         return replicate(tree, self.mesh)
 
 
@@ -481,8 +477,6 @@ def _on_host(x) -> np.ndarray:
     """A result as a NumPy array, also when it spans several processes' devices."""
     if getattr(x, "is_fully_addressable", True) or x.is_fully_replicated:
         return np.asarray(x)
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
