@@ -179,7 +179,7 @@ def finalize(stats):
     """`(out, lse)` from the statistics (max, sum of exp(s - max), weighted sum) of a set of keys;
     an empty set (total 0) gives out = 0, lse = -inf, and finite gradients."""
     smax, total, acc = stats
-    some = total > 0
+    some = total != 0  # NaN (from NaN logits) stays NaN
     safe = jnp.where(some, total, 1)
     lse = jnp.where(some, _finite_or_zero(smax) + jnp.log(safe), -jnp.inf)
     return acc / safe[..., None], lse
