@@ -45,8 +45,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(
+    "case, dtype",
+    [(case, np.float64) for case in CASES] + [(CASES[i], np.float32) for i in (1, 5)],
+)
 def test_ring_attention_matches_reference(rng, case, dtype):
     mesh_shape, names, qs, ks, vs, bs, ms, causal = case
     mesh = _mesh(mesh_shape, names)
@@ -119,7 +121,8 @@ def test_ring_attention_output_is_sharded_like_the_queries(rng):
     mesh = _mesh((8,), ("seq",))
     q = rng.normal(size=(2, 64, 8)).astype(np.float32)
     for causal in (False, True):
-        out, lse = par.ring_attention_with_lse(q, q, mesh=mesh, axis="seq", causal=causal)
+        ring = partial(par.ring_attention_with_lse, mesh=mesh, axis="seq", causal=causal)
+        out, lse = jax.jit(lambda q: ring(q, q))(q)
         assert {s.data.shape for s in out.addressable_shards} == {(2, 8, 8)}
         assert {s.data.shape for s in lse.addressable_shards} == {(2, 8)}
 
@@ -168,7 +171,7 @@ def test_ring_attention_masked_keys_are_inert(rng):
     def loss(q, k, v):
         return jnp.sum(par.ring_attention(q, k, v, mesh=mesh, axis="seq", mask=mask) ** 2)
 
-    grads = jax.grad(loss, (0, 1, 2))(q, k, v)
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
     keep = mask[0, 0]
     ref = partial(reference.dense_attention_with_lse, beta=1.0)
     ref_grads = jax.grad(lambda q, k, v: jnp.sum(ref(q, k, v)[0] ** 2), (0, 1, 2))(
@@ -197,12 +200,12 @@ def test_ring_attention_causal_diagonal_halving(rng, n):
     ring = partial(
         par.ring_attention_with_lse, mesh=mesh, axis="seq", mask=mask, causal=True, chunk_size=2
     )
-    out, lse = ring(q, k, v)
+    out, lse = jax.jit(ring)(q, k, v)
     ref_out, ref_lse = reference.attention_with_lse(q, k, v, 1.0, full)
     np.testing.assert_allclose(out, ref_out, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(_finite(lse), _finite(ref_lse), rtol=1e-10, atol=1e-10)
     dense = lambda q, k, v: reference.dense_attention_with_lse(q, k, v, 1.0, full)  # noqa: E731
-    grads = jax.grad(partial(loss, ring), (0, 1, 2))(q, k, v)
+    grads = jax.jit(jax.grad(partial(loss, ring), (0, 1, 2)))(q, k, v)
     for g, r in zip(grads, jax.grad(partial(loss, dense), (0, 1, 2))(q, k, v)):
         np.testing.assert_allclose(g, r, rtol=1e-9, atol=1e-9)
 
@@ -210,7 +213,8 @@ def test_ring_attention_causal_diagonal_halving(rng, n):
 def test_ring_attention_chunks_within_a_device(rng):
     mesh = _mesh((2,), ("seq",))
     q, k, v = (rng.normal(size=(32, 4)) for _ in range(3))
-    out = par.ring_attention(q, k, v, mesh=mesh, axis="seq", chunk_size=4, causal=True)
+    ring = partial(par.ring_attention, mesh=mesh, axis="seq", chunk_size=4, causal=True)
+    out = jax.jit(ring)(q, k, v)
     ref, _ = reference.attention_with_lse(q, k, v, 1.0, _causal(32))
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
 
