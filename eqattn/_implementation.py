@@ -158,8 +158,7 @@ def dispatch(
     queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool
 ) -> tuple[jax.Array, jax.Array | None]:
     """Validate, choose the implementation, run it: `(out, lse)` (`lse` None from cuDNN)."""
-    queries, keys, values, beta, mask = as_arrays(queries, keys, values, beta, mask)
-    batch = _core.check_inputs(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     check_chunk_size(chunk_size)
     choice = select_implementation(
         queries,
@@ -170,9 +169,7 @@ def dispatch(
         chunk_size=chunk_size,
         need_lse=need_lse,
     )
-    beta = guard_beta(beta)
-    if mask is not None:
-        queries, keys, values = make_inert(queries, keys, values, mask, len(batch))
+    queries, keys, values, beta = sanitize(queries, keys, values, beta, mask, batch)
     if choice == "cudnn":
         return _cudnn_attention(queries, keys, values, beta, mask, batch), None
     q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
@@ -182,6 +179,20 @@ def dispatch(
         chunk = _core.chunk_spec(q.shape[-2], k.shape[-2], chunk_size, implementation)
         out, lse = _core.attention_core(q, k, v, b, mask, chunk)
     return out.reshape(batch + out.shape[-2:]), lse.reshape(batch + lse.shape[-1:])
+
+
+def validate(queries, keys, values, beta, mask):
+    """The arguments as arrays (`values` defaulting to `keys`), checked; and the batch shape."""
+    queries, keys, values, beta, mask = as_arrays(queries, keys, values, beta, mask)
+    return queries, keys, values, beta, mask, _core.check_inputs(queries, keys, values, beta, mask)
+
+
+def sanitize(queries, keys, values, beta, mask, batch):
+    """Checked inputs made safe to compute on: a bad traced `beta` as NaN (`guard_beta`), and
+    what the mask excludes zeroed (`make_inert`)."""
+    if mask is not None:
+        queries, keys, values = make_inert(queries, keys, values, mask, len(batch))
+    return queries, keys, values, guard_beta(beta)
 
 
 def check_chunk_size(chunk_size) -> None:
@@ -258,6 +269,5 @@ def _cudnn_attention(queries, keys, values, beta, mask, batch):
 
 def cudnn_attention(queries, keys, values, *, beta, mask):
     """[`eqattn.attention`][] through cuDNN's kernel, whatever the selection rule says (tests)."""
-    queries, keys, values, beta, mask = as_arrays(queries, keys, values, beta, mask)
-    batch = _core.check_inputs(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     return _cudnn_attention(queries, keys, values, beta, mask, batch)

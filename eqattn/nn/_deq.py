@@ -28,6 +28,7 @@ from .._solve import (
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
+from ..parallel import SequenceSplit
 from ._implicit import Norm, apply_norm, check_norm
 from ._io import Pooling, embed_tokens, init_io, read_out
 from ._layer import AbstractEquilibriumLayer
@@ -35,7 +36,6 @@ from ._multihead import (
     MultiHeadAttention,
     check_dims,
     check_mask,
-    check_sequence,
     check_tokens,
     shard_tokens,
 )
@@ -131,13 +131,12 @@ class DEQBlock(AbstractEquilibriumLayer):
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
         inference: bool = False,
-        sequence=None,
+        sequence: SequenceSplit | None = None,
         dtype=None,
     ):
         check_dims(dim, num_heads)
         check_norm(norm)
         check_dropout(dropout)
-        check_sequence(sequence)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, ki, k1, k2 = jax.random.split(key, 4)
         self.attention = MultiHeadAttention(dim, num_heads, key=ka, sequence=sequence, dtype=dtype)

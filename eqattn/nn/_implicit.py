@@ -26,12 +26,12 @@ from .._solve import (
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
+from ..parallel import SequenceSplit
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import (
     MultiHeadAttention,
     check_dims,
     check_mask,
-    check_sequence,
     check_tokens,
     shard_tokens,
 )
@@ -91,12 +91,11 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         norm: Norm = "layer",
         beta: float | None = None,
         throw: bool = False,
-        sequence=None,
+        sequence: SequenceSplit | None = None,
         dtype=None,
     ):
         check_dims(dim, num_heads)
         check_norm(norm)
-        check_sequence(sequence)
         ka, ki = jax.random.split(key)
         self.attention = MultiHeadAttention(
             dim, num_heads, key=ka, beta=beta, sequence=sequence, dtype=dtype

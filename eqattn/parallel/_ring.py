@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .. import _core
-from .._implementation import as_arrays, check_chunk_size, flatten, guard_beta, make_inert
+from .._implementation import check_chunk_size, flatten, sanitize, validate
 from ._sequence import check_axis, varying
 
 
@@ -350,8 +350,7 @@ def ring_attention_with_lse(
     `axis` like the queries, equal to the one-device result up to round-off. Reverse-mode
     differentiable (not forward mode, not twice).
     """
-    queries, keys, values, beta, mask = as_arrays(queries, keys, values, beta, mask)
-    batch = _core.check_inputs(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     check_chunk_size(chunk_size)
     check_axis(mesh, axis)
     size = mesh.shape[axis]
@@ -369,9 +368,7 @@ def ring_attention_with_lse(
             f"{' (causal: 2 chunks per device)' if causal else ''}; got queries "
             f"{queries.shape}, keys {keys.shape}."
         )
-    beta = guard_beta(beta)
-    if mask is not None:
-        queries, keys, values = make_inert(queries, keys, values, mask, len(batch))
+    queries, keys, values, beta = sanitize(queries, keys, values, beta, mask, batch)
     q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)

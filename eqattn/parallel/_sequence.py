@@ -19,7 +19,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._attention import attention_with_lse
-from .._core import check_inputs, finalize
+from .._core import finalize
+from .._implementation import validate
 
 
 def varying(x, axis):
@@ -74,11 +75,7 @@ def sharded_attention_with_lse(
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, equal to the one-device
     result up to round-off.
     """
-    queries, keys = jnp.asarray(queries), jnp.asarray(keys)
-    values = keys if values is None else jnp.asarray(values)
-    beta = jnp.asarray(beta)
-    mask = None if mask is None else jnp.asarray(mask)
-    check_inputs(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
     check_axis(mesh, axis)
     size, m = mesh.shape[axis], keys.shape[-2]
     if m % size:
