@@ -25,26 +25,11 @@ import jax
 import jax.numpy as jnp
 
 import eqattn
-import eqattn._core as core
 
 from ._harness import print_table, time_interleaved
 
 BH, DIM = 4, 64
 MB = 2**20
-
-
-def _single_pass(fn):
-    """`fn`, traced with eqattn's one-shot pass everywhere (no CPU query tiles)."""
-
-    def traced(*args):
-        saved = core._TILE_MIN_LOGITS
-        core._TILE_MIN_LOGITS = 1 << 62
-        try:
-            return fn(*args)
-        finally:
-            core._TILE_MIN_LOGITS = saved
-
-    return traced
 
 
 def _grad(attend):
@@ -66,14 +51,21 @@ def _core_cases(n: int):
         out = jax.nn.dot_product_attention(t(q), t(k), t(v), scale=DIM**-0.5, implementation="xla")
         return t(out)
 
-    def ours(implementation, chunk_size=None):
+    def ours(implementation, chunk_size=None, tiling=None):
         return lambda q, k, v: eqattn.attention(
-            q, k, v, beta=DIM**-0.5, implementation=implementation, chunk_size=chunk_size
+            q,
+            k,
+            v,
+            beta=DIM**-0.5,
+            implementation=implementation,
+            chunk_size=chunk_size,
+            tiling=tiling,
         )
 
     cases = {
         "xla-dense": _grad(dense),
-        "eqattn-single-pass": _single_pass(_grad(ours("xla"))),
+        # the one-shot pass everywhere (no CPU query tiles)
+        "eqattn-single-pass": _grad(ours("xla", tiling=eqattn.Tiling(min_logits=1 << 62))),
         "eqattn-chunked": _grad(ours("chunked", _chunk(n))),
     }
     if jax.default_backend() == "cpu":

@@ -11,6 +11,7 @@ from ._attention import (
     merge_heads as merge_heads,
     split_heads as split_heads,
 )
+from ._core import Tiling as Tiling
 from ._hopfield import hopfield_energy as hopfield_energy, hopfield_update as hopfield_update
 from ._implementation import select_implementation as select_implementation
 from ._measures import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._core import Implementation
+from ._core import Implementation, Tiling
 from ._implementation import dispatch
 
 
@@ -23,6 +23,7 @@ def attention_with_lse(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
+    tiling: Tiling | None = None,
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""Softmax attention and the log-normalizer of every query, in one pass.
 
@@ -60,6 +61,8 @@ def attention_with_lse(
       forward and backward; feature sizes up to 256. cuDNN's fused kernel (`"cudnn"`) returns no
       log-sum-exp: it is available through [`eqattn.attention`][]. See
       [`eqattn.select_implementation`][].
+    - `tiling`: an [`eqattn.Tiling`][], the thresholds and sizes of the automatic choices above
+      (static; default `Tiling()`).
 
     Leading (batch) axes of all arguments broadcast against each other.
 
@@ -75,6 +78,7 @@ def attention_with_lse(
         mask=mask,
         chunk_size=chunk_size,
         implementation=implementation,
+        tiling=tiling,
         need_lse=True,
     )
 
@@ -87,6 +91,7 @@ def log_normalizer(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
+    tiling: Tiling | None = None,
 ) -> Float[Array, "*batch n"]:
     r"""Log-normalizer of the discrete exponential family on the keys, one per query:
 
@@ -108,6 +113,7 @@ def log_normalizer(
         mask=mask,
         chunk_size=chunk_size,
         implementation=implementation,
+        tiling=tiling,
     )[1]
 
 
@@ -120,6 +126,7 @@ def attention(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
+    tiling: Tiling | None = None,
 ) -> Float[Array, "*batch n dv"]:
     r"""Softmax attention, $\mathrm{out}_i = \sum_j \mathrm{softmax}_j(\beta\, q_i\cdot k_j)\, v_j$.
 
@@ -140,6 +147,7 @@ def attention(
         mask=mask,
         chunk_size=chunk_size,
         implementation=implementation,
+        tiling=tiling,
         need_lse=False,
     )[0]
 

@@ -13,8 +13,9 @@ backward pass, so no `n x m` array is kept between the two passes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools as ft
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,21 +25,62 @@ from jax import lax
 Implementation = Literal["auto", "xla", "chunked", "cudnn", "pallas"]
 IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "pallas")
 
-# On CPU the softmax (exp, max, sum over n x m logits) dominates, not the matmuls, and XLA does it
-# in several passes over memory. Working one batch element and a tile of queries at a time keeps the
-# logits of a tile (about `_TILE_LOGITS_*` entries; the backward holds three such arrays) in cache:
-# about 2x faster forward, and the recomputing backward then beats autodiff of the one-shot form.
-# Below `_TILE_MIN_LOGITS` logits per batch element the one-shot form is already cache-resident and
-# a sequential loop would only add overhead. Other platforms take the one-shot form.
-_TILE_LOGITS_FORWARD = 1 << 19
-_TILE_LOGITS_BACKWARD = 1 << 18
-_TILE_MIN_LOGITS = 1 << 16
-# Off CPU, above this many logits per batch element the key-chunked (online-softmax) path is used
-# when no `chunk_size` is given: memory O(n * chunk) instead of O(n * m). (On CPU the query tiles
-# already bound it better: measured forward+backward temporaries at n = m = 16384, d = 64, 4 heads:
-# one pass 12 GB, key chunks of 1024 0.58 GB, query tiles 0.04 GB.)
-_CHUNK_AUTO_LOGITS = 1 << 26
-_CHUNK_DEFAULT = 1024
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    r"""How the XLA core splits its work; static (part of the compiled program), so a different
+    `Tiling` compiles a different program. The defaults were measured (`python -m benchmarks
+    core` and `memory`); pass one to [`eqattn.attention_with_lse`][] (and the functions built on
+    it) to force a path, e.g. in tests or to trade speed for memory.
+
+    - `forward_logits`, `backward_logits` (defaults $2^{19}$, $2^{18}$): on CPU the softmax (exp,
+      max, sum over $n \times m$ logits) dominates, not the matmuls, and XLA makes several passes
+      over memory for it. Working one batch element and one tile of queries at a time keeps a
+      tile's logits (about this many entries; the backward holds three such arrays) in cache:
+      about 2x faster forward, and the recomputing backward then beats autodiff of the one-shot
+      form. Tiles have a power-of-two number of rows in [32, 1024].
+    - `min_logits` (default $2^{16}$): below this many logits per batch element the one-shot
+      form is already cache-resident and a loop over tiles would only add overhead.
+    - `auto_chunk_logits` (default $2^{26}$): off CPU, above this many logits per batch element
+      the key-chunked (online-softmax) path is taken when no `chunk_size` is given, memory
+      $O(n \cdot \mathrm{chunk})$ instead of $O(nm)$. (On CPU the query tiles bound it better:
+      measured forward+backward temporaries at $n = m = 16384$, $d = 64$, 4 heads: one pass
+      12 GB, key chunks of 1024 0.58 GB, query tiles 0.04 GB.)
+    - `chunk_size` (default 1024): keys per block when the chunked path is taken without an
+      explicit `chunk_size` argument.
+    """
+
+    forward_logits: int = 1 << 19
+    backward_logits: int = 1 << 18
+    min_logits: int = 1 << 16
+    auto_chunk_logits: int = 1 << 26
+    chunk_size: int = 1024
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            low = 0 if field.name == "min_logits" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"`Tiling.{field.name}` must be an int >= {low}; got {value!r}.")
+
+
+class Plan(NamedTuple):
+    """The static path of one core call: `chunk` keys per block (None: no key blocks), whether
+    the chunked path is `forced` (else it is taken off CPU only), and the CPU query tiles' rows
+    forward and backward (None: the one-shot form)."""
+
+    chunk: int | None
+    forced: bool
+    forward_rows: int | None
+    backward_rows: int | None
+
+
+def check_tiling(tiling) -> Tiling:
+    if tiling is None:
+        return Tiling()
+    if not isinstance(tiling, Tiling):
+        raise TypeError(f"`tiling` must be an eqattn.Tiling or None; got {type(tiling).__name__}.")
+    return tiling
 
 
 def check_implementation(implementation, need_lse: bool) -> None:
@@ -372,43 +414,51 @@ def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chun
 
 
 def chunk_spec(
-    n: int, m: int, chunk_size: int | None, implementation: str
+    n: int, m: int, chunk_size: int | None, implementation: str, tiling: Tiling | None = None
 ) -> tuple[int | None, bool]:
     """`(keys per block or None, whether the chunked path is forced)`. `"chunked"` or an explicit
-    `chunk_size` force it; `"auto"` takes it (chunks of `_CHUNK_DEFAULT`) only off CPU above
-    `_CHUNK_AUTO_LOGITS` logits; `"xla"` never does."""
+    `chunk_size` force it; `"auto"` takes it (chunks of `tiling.chunk_size`) only off CPU above
+    `tiling.auto_chunk_logits` logits; `"xla"` never does."""
+    tiling = Tiling() if tiling is None else tiling
     if implementation == "xla":
         return None, False
     if implementation == "chunked" or chunk_size is not None:
-        size = _CHUNK_DEFAULT if chunk_size is None else chunk_size
+        size = tiling.chunk_size if chunk_size is None else chunk_size
         return (size, True) if size < m else (None, False)
-    if n * m >= _CHUNK_AUTO_LOGITS and _CHUNK_DEFAULT < m:
-        return _CHUNK_DEFAULT, False
+    if n * m >= tiling.auto_chunk_logits and tiling.chunk_size < m:
+        return tiling.chunk_size, False
     return None, False
 
 
-def _tile_rows(m: int, budget: int) -> int | None:
-    """Queries per tile for `m` keys and a logits budget (a power of two in [32, 1024])."""
+def _tile_rows(n: int, m: int, budget: int, tiling: Tiling) -> int | None:
+    """Queries per tile for `m` keys and a logits budget (a power of two in [32, 1024]), or None
+    for the one-shot form."""
     rows = 1 << max(5, min(10, (budget // max(m, 1)).bit_length() - 1))
-    return rows
+    return rows if n > rows and n * m >= tiling.min_logits else None
 
 
-def _use_tiles(q, k, budget) -> int | None:
-    """Rows per tile, or None for the one-shot form."""
-    n, m = q.shape[-2], k.shape[-2]
-    rows = _tile_rows(m, budget)
-    return rows if n > rows and n * m >= _TILE_MIN_LOGITS else None
+def plan(
+    n: int, m: int, chunk_size: int | None, implementation: str, tiling: Tiling | None = None
+) -> Plan:
+    """The path of a core call on `n` queries and `m` keys (see `chunk_spec` and `Tiling`)."""
+    tiling = Tiling() if tiling is None else tiling
+    chunk, forced = chunk_spec(n, m, chunk_size, implementation, tiling)
+    return Plan(
+        chunk,
+        forced,
+        _tile_rows(n, m, tiling.forward_logits, tiling),
+        _tile_rows(n, m, tiling.backward_logits, tiling),
+    )
 
 
-def forward(q, k, v, beta, mask, chunk):
+def forward(q, k, v, beta, mask, plan: Plan):
     """`(out, lse)` in the compute dtype (at least float32) of flattened inputs."""
     dtype = compute_dtype(q.dtype, k.dtype, v.dtype)
     beta = beta.astype(dtype)
-    size, explicit = chunk
+    size, explicit, rows, _ = plan
     if explicit:
         return _forward_chunked(q, k, v, beta, mask, dtype, size)
     one_shot = ft.partial(_tile_forward, dtype=dtype)
-    rows = _use_tiles(q, k, _TILE_LOGITS_FORWARD)
     if rows is None and size is None:
         return one_shot(q, k, v, beta, mask)
     # CPU: query tiles (one batch element, one tile of queries at a time) bound the memory better
@@ -418,14 +468,13 @@ def forward(q, k, v, beta, mask, chunk):
     return lax.platform_dependent(q, k, v, beta, mask, cpu=cpu, default=default)
 
 
-def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, chunk, dtype):
+def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, plan: Plan, dtype):
     r"""`(dq, dk, dv, dbeta)` in `dtype` of one set of keys, with the weights recomputed from the
     `lse` over all keys (which may be more than these: then these are this set's shares) and
     $\delta = \sum g_o \odot o$; the path (one shot, query tiles, key chunks) as `forward`."""
     args = (q, k, v, beta, mask, lse, delta, g_out, g_lse)
-    size, explicit = chunk
+    size, explicit, _, rows = plan
     one_shot = ft.partial(_tile_backward, dtype=dtype)
-    rows = _use_tiles(q, k, _TILE_LOGITS_BACKWARD)
     if explicit:
         return _backward_chunked(*args, dtype=dtype, chunk=size)
     if rows is None and size is None:
@@ -436,26 +485,26 @@ def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, chunk, dtype):
 
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def attention_core(q, k, v, beta, mask, chunk):
-    """`(out, lse)` of flattened inputs in the dtype of `v`; `chunk` from `chunk_spec`."""
-    out, lse = forward(q, k, v, beta, mask, chunk)
+def attention_core(q, k, v, beta, mask, plan: Plan):
+    """`(out, lse)` of flattened inputs in the dtype of `v`; `plan` from `plan`."""
+    out, lse = forward(q, k, v, beta, mask, plan)
     return out.astype(v.dtype), lse.astype(v.dtype)
 
 
-def _core_fwd(q, k, v, beta, mask, chunk):
-    out, lse = forward(q, k, v, beta, mask, chunk)
+def _core_fwd(q, k, v, beta, mask, plan):
+    out, lse = forward(q, k, v, beta, mask, plan)
     res = (q, k, v, beta, mask, out, lse)
     return (out.astype(v.dtype), lse.astype(v.dtype)), res
 
 
-def _core_bwd(chunk, res, cotangents):
+def _core_bwd(plan, res, cotangents):
     q, k, v, beta, mask, out, lse = res
     g_out, g_lse = cotangents
     dtype = out.dtype
     g_out, g_lse = g_out.astype(dtype), g_lse.astype(dtype)
     delta = jnp.sum(g_out * out, axis=-1)
     dq, dk, dv, dbeta = backward(
-        q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse, chunk, dtype
+        q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse, plan, dtype
     )
     return (
         dq.astype(q.dtype),

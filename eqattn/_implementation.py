@@ -89,6 +89,7 @@ def select_implementation(
     chunk_size: int | None = None,
     need_lse: bool = False,
     backend: str | None = None,
+    tiling: _core.Tiling | None = None,
 ) -> Literal["xla", "chunked", "cudnn", "pallas"]:
     r"""The implementation that `attention` (`need_lse=False`) or `attention_with_lse`
     (`need_lse=True`) runs for these inputs.
@@ -99,8 +100,8 @@ def select_implementation(
 
     The rule for `"auto"`: cuDNN where it can run the inputs and no log-sum-exp is asked for
     (a GPU, bf16/fp16, $d = d_v \le 128$, $8 \mid d$, no mask); else the key-chunked pass when
-    `chunk_size` is given or, off CPU, above $2^{26}$ logits per batch element; else `"xla"`.
-    `"pallas"` runs only when asked for: its GPU speed is not yet measured against these.
+    `chunk_size` is given or, off CPU, above $2^{26}$ logits per batch element (see
+    [`eqattn.Tiling`][]); else `"xla"`. `"pallas"` runs only when asked for: its GPU speed is not yet measured against these.
     """
     backend = jax.default_backend() if backend is None else backend
     values = keys if values is None else values
@@ -126,7 +127,7 @@ def select_implementation(
     ):
         return "cudnn"
     n, m = queries.shape[-2], keys.shape[-2]
-    size, explicit = _core.chunk_spec(n, m, chunk_size, "auto")
+    size, explicit = _core.chunk_spec(n, m, chunk_size, "auto", _core.check_tiling(tiling))
     return "chunked" if explicit or (size is not None and backend != "cpu") else "xla"
 
 
@@ -155,11 +156,12 @@ def make_inert(queries, keys, values, mask, rank):
 
 
 def dispatch(
-    queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool
+    queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool, tiling=None
 ) -> tuple[jax.Array, jax.Array | None]:
     """Validate, choose the implementation, run it: `(out, lse)` (`lse` None from cuDNN)."""
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     check_chunk_size(chunk_size)
+    tiling = _core.check_tiling(tiling)
     choice = select_implementation(
         queries,
         keys,
@@ -168,6 +170,7 @@ def dispatch(
         implementation=implementation,
         chunk_size=chunk_size,
         need_lse=need_lse,
+        tiling=tiling,
     )
     queries, keys, values, beta = sanitize(queries, keys, values, beta, mask, batch)
     if choice == "cudnn":
@@ -176,8 +179,8 @@ def dispatch(
     if choice == "pallas":
         out, lse = pallas_attention_core(q, k, v, b, mask)
     else:
-        chunk = _core.chunk_spec(q.shape[-2], k.shape[-2], chunk_size, implementation)
-        out, lse = _core.attention_core(q, k, v, b, mask, chunk)
+        plan = _core.plan(q.shape[-2], k.shape[-2], chunk_size, implementation, tiling)
+        out, lse = _core.attention_core(q, k, v, b, mask, plan)
     return out.reshape(batch + out.shape[-2:]), lse.reshape(batch + lse.shape[-1:])
 
 

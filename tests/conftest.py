@@ -28,13 +28,3 @@ def rng():
 def getkey():
     keys = iter(jax.random.split(jax.random.key(0), 1000))
     return lambda: next(keys)
-
-
-@pytest.fixture
-def tiny_tiles(monkeypatch):
-    """Force the CPU tile-by-tile path of the core at small sizes (32-row tiles)."""
-    import eqattn._core as core
-
-    monkeypatch.setattr(core, "_TILE_LOGITS_FORWARD", 32)
-    monkeypatch.setattr(core, "_TILE_LOGITS_BACKWARD", 32)
-    monkeypatch.setattr(core, "_TILE_MIN_LOGITS", 0)

@@ -1,3 +1,5 @@
+import functools as ft
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,19 +38,19 @@ def _assert_matches(out, lse, ref_out, ref_lse, tol):
 
 
 PATHS = ["one-shot", "tiled", "chunked"]
+# The CPU tile-by-tile path of the core at small sizes (32-row tiles).
+TINY_TILES = eqattn.Tiling(forward_logits=32, backward_logits=32, min_logits=0)
 
 
-def _path(request, path):
-    """Extra keyword arguments (and fixtures) that select a path of the core."""
-    if path == "tiled":
-        request.getfixturevalue("tiny_tiles")
-    return {"chunk_size": 3} if path == "chunked" else {}
+def _path(path):
+    """Extra keyword arguments that select a path of the core."""
+    return {"tiled": {"tiling": TINY_TILES}, "chunked": {"chunk_size": 3}}.get(path, {})
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shapes", SHAPES)
-def test_matches_reference(rng, request, path, shapes):
-    extra = _path(request, path)
+def test_matches_reference(rng, path, shapes):
+    extra = _path(path)
     q, k, v, beta, mask = _inputs(rng, *shapes)
     out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, **extra)
     ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, mask)
@@ -59,8 +61,8 @@ def test_matches_reference(rng, request, path, shapes):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shapes", [SHAPES[1], SHAPES[2], SHAPES[3], SHAPES[5]])
-def test_gradients_match_finite_differences(rng, request, path, shapes):
-    extra = _path(request, path)
+def test_gradients_match_finite_differences(rng, path, shapes):
+    extra = _path(path)
     q, k, v, beta, mask = _inputs(rng, *shapes)
     if mask is not None:
         mask[..., 0] = True  # keep every lse finite so the loss below is smooth
@@ -74,31 +76,28 @@ def test_gradients_match_finite_differences(rng, request, path, shapes):
     check_grads(loss, (q, k, v, beta), order=2, modes=["rev"], atol=1e-6, rtol=1e-6, eps=1e-5)
 
 
-def test_tiled_and_one_shot_agree_in_float32(rng, monkeypatch):
+def test_tiled_and_one_shot_agree_in_float32(rng):
     q, k, v, beta, mask = _inputs(
         rng, (2, 70, 8), (2, 45, 8), (2, 45, 6), (2,), (2, 70, 45), np.float32
     )
     mask[0, 3] = False
 
-    def run():
-        f = lambda q, k, v: eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)  # noqa: E731
+    def run(tiling=None):
+        def f(q, k, v):
+            return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, tiling=tiling)
+
         g = jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a)[0])), argnums=(0, 1, 2))
         return f(q, k, v), g(q, k, v)
 
     one_shot = run()
-    import eqattn._core as core
-
-    monkeypatch.setattr(core, "_TILE_LOGITS_FORWARD", 32)
-    monkeypatch.setattr(core, "_TILE_LOGITS_BACKWARD", 32)
-    monkeypatch.setattr(core, "_TILE_MIN_LOGITS", 0)
-    tiled = run()
+    tiled = run(TINY_TILES)
     for a, b in zip(jax.tree.leaves(one_shot), jax.tree.leaves(tiled)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_fully_masked_rows(rng, request, path):
-    extra = _path(request, path)
+def test_fully_masked_rows(rng, path):
+    extra = _path(path)
     q, k, v, beta, mask = _inputs(rng, (2, 40, 4), (2, 33, 4), (2, 33, 3), (), (2, 40, 33))
     mask[0, 5] = False
     mask[1, :] = False  # a whole batch element sees nothing
@@ -162,10 +161,21 @@ def test_chunked_path_selection():
     import eqattn._core as core
 
     assert core.chunk_spec(4096, 4096, None, "auto") == (None, False)
-    # 2^26 logits: chunks, taken off CPU only (CPU keeps its query tiles)
-    assert core.chunk_spec(8192, 8192, None, "auto") == (core._CHUNK_DEFAULT, False)
+    # 2^26 logits: chunks of 1024, taken off CPU only (CPU keeps its query tiles)
+    assert core.chunk_spec(8192, 8192, None, "auto") == (1024, False)
     assert core.chunk_spec(8192, 8192, None, "xla") == (None, False)
-    assert core.chunk_spec(8192, 8192, None, "chunked") == (core._CHUNK_DEFAULT, True)
+    assert core.chunk_spec(8192, 8192, None, "chunked") == (1024, True)
+    small = eqattn.Tiling(auto_chunk_logits=100, chunk_size=8)
+    assert core.chunk_spec(20, 10, None, "auto", small) == (8, False)
+    assert core.chunk_spec(20, 10, None, "chunked", small) == (8, True)
+    # the query tiles: 2^19 logits forward and 2^18 backward per tile, from 2^16 logits on
+    assert core.plan(4096, 1024, None, "auto") == (None, False, 512, 256)
+    assert core.plan(128, 256, None, "auto") == (None, False, None, None)  # 2^15 logits
+    for bad in (dict(min_logits=-1), dict(chunk_size=0), dict(forward_logits=2.0)):
+        with pytest.raises(ValueError, match="Tiling"):
+            eqattn.Tiling(**bad)
+    with pytest.raises(TypeError, match="`tiling` must be an eqattn.Tiling"):
+        eqattn.attention(jnp.ones((3, 2)), jnp.ones((3, 2)), tiling={"chunk_size": 2})
     assert core.chunk_spec(100, 50, 16, "auto") == (16, True)
     assert core.chunk_spec(100, 50, 16, "chunked") == (16, True)
     assert core.chunk_spec(100, 50, 64, "auto") == (None, False)  # one block: a single pass
@@ -179,20 +189,15 @@ def test_chunked_path_selection():
         eqattn.attention_with_lse(q, q, chunk_size=0)
 
 
-def test_automatic_chunking_traces_both_platform_branches(rng, monkeypatch):
+def test_automatic_chunking_traces_both_platform_branches(rng):
     # With tiny thresholds the CPU tiles and the (off-CPU) chunks are both traced; CPU runs tiles.
-    import eqattn._core as core
-
-    monkeypatch.setattr(core, "_CHUNK_AUTO_LOGITS", 100)
-    monkeypatch.setattr(core, "_CHUNK_DEFAULT", 8)
-    monkeypatch.setattr(core, "_TILE_LOGITS_FORWARD", 32)
-    monkeypatch.setattr(core, "_TILE_LOGITS_BACKWARD", 32)
-    monkeypatch.setattr(core, "_TILE_MIN_LOGITS", 0)
+    tiling = eqattn.Tiling(32, 32, 0, auto_chunk_logits=100, chunk_size=8)
     q, k, v, beta, mask = _inputs(rng, (2, 40, 4), (2, 30, 4), (2, 30, 3), (2,), (2, 40, 30))
-    out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)
+    f = ft.partial(eqattn.attention_with_lse, beta=beta, mask=mask, tiling=tiling)
+    out, lse = f(q, k, v)
     ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, mask)
     _assert_matches(out, lse, ref_out, ref_lse, 1e-12)
-    g = jax.grad(lambda q: jnp.sum(eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask)[0]))(q)
+    g = jax.grad(lambda q: jnp.sum(f(q, k, v)[0]))(q)
     assert np.all(np.isfinite(g))
 
 

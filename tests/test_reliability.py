@@ -93,14 +93,12 @@ def test_beta_must_be_finite_and_positive(bad):
 @pytest.mark.parametrize("impl", ["chunked", "auto"])
 def test_log_normalizer_gradient_on_the_chunked_path(impl, monkeypatch):
     """d/dq log Z(q) = E_p[k] (the chunked backward with no values used to divide by zero)."""
-    import eqattn._core as core
-
-    monkeypatch.setattr(core, "_CHUNK_AUTO_LOGITS", 64)  # make "auto" chunk at this size
-    monkeypatch.setattr(core, "_CHUNK_DEFAULT", 16)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # "auto" chunks off CPU only
     rng = np.random.default_rng(1)
     q, k = rng.normal(size=(32, 2)), rng.normal(size=(64, 2))
-    extra = {"chunk_size": 16} if impl == "chunked" else {}
+    # "auto" chunks (16 keys) at this size
+    extra = dict(tiling=eqattn.Tiling(auto_chunk_logits=64, chunk_size=16))
+    extra = {"chunk_size": 16} if impl == "chunked" else extra
     g = jax.grad(lambda q: eqattn.log_normalizer(q, k, implementation=impl, **extra).sum())(q)
     s = q @ k.T
     p = np.exp(s - s.max(-1, keepdims=True))

@@ -52,6 +52,7 @@ class _Ring:
     size: int  # devices on the ring
     causal: bool
     chunk_size: int | None
+    tiling: _core.Tiling
     # A diagonal block (queries and keys at the same positions) is halved until it has at most
     # this many queries, then masked by a materialized triangle; the halves below the diagonal
     # are full blocks (no causal mask), those above it are skipped.
@@ -141,8 +142,8 @@ def _pair_forward(ring, q, k, v, b, mask, diag: bool):
         tril = jnp.tril(jnp.ones((n, n), bool))[None]
         mask, diag = (tril if mask is None else mask & tril), False
     if not diag:
-        chunk = _core.chunk_spec(n, k.shape[1], ring.chunk_size, "auto")
-        return _core.forward(q, k, v, b, mask, chunk)
+        plan = _core.plan(n, k.shape[1], ring.chunk_size, "auto", ring.tiling)
+        return _core.forward(q, k, v, b, mask, plan)
     lo, hi = _halves(n)
     top = _pair_forward(ring, q[:, lo], k[:, lo], v[:, lo], b, _sub_mask(mask, lo, lo), True)
     left = _pair_forward(ring, q[:, hi], k[:, lo], v[:, lo], b, _sub_mask(mask, hi, lo), False)
@@ -159,8 +160,8 @@ def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
         tril = jnp.tril(jnp.ones((n, n), bool))[None]
         mask, diag = (tril if mask is None else mask & tril), False
     if not diag:
-        chunk = _core.chunk_spec(n, k.shape[1], ring.chunk_size, "auto")
-        return _core.backward(q, k, v, b, mask, *rows_in, chunk, dtype)
+        plan = _core.plan(n, k.shape[1], ring.chunk_size, "auto", ring.tiling)
+        return _core.backward(q, k, v, b, mask, *rows_in, plan, dtype)
     lo, hi = _halves(n)
 
     def part(rows, cols, diag):
@@ -319,6 +320,7 @@ def ring_attention_with_lse(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
+    tiling: _core.Tiling | None = None,
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""[`eqattn.attention_with_lse`][] with the queries, keys and values all split along the
     sequence over the mesh axis `axis` (ring attention, via `jax.shard_map`).
@@ -345,6 +347,7 @@ def ring_attention_with_lse(
     - `chunk_size`: keys per block within a device's block, as in the core; with `causal`,
       also the size (default 512) down to which the blocks on the diagonal are halved, so that
       no causal mask larger than `chunk_size` x `chunk_size` is formed.
+    - `tiling`: an [`eqattn.Tiling`][] for the core on each device's blocks.
 
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, sharded along `n` over
     `axis` like the queries, equal to the one-device result up to round-off. Reverse-mode
@@ -352,6 +355,7 @@ def ring_attention_with_lse(
     """
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     check_chunk_size(chunk_size)
+    tiling = _core.check_tiling(tiling)
     check_axis(mesh, axis)
     size = mesh.shape[axis]
     n, m = queries.shape[-2], keys.shape[-2]
@@ -373,7 +377,7 @@ def ring_attention_with_lse(
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
     in_specs = (seq, seq, seq, P(), seq if split_mask else P())
-    ring = _Ring(axis, size, causal, chunk_size, leaf=chunk_size or 512)
+    ring = _Ring(axis, size, causal, chunk_size, tiling, leaf=chunk_size or 512)
 
     def local(q, k, v, b, msk):
         # The custom VJP must see one kind of input: make the replicated ones device-varying
@@ -414,6 +418,7 @@ def ring_attention(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
+    tiling: _core.Tiling | None = None,
 ) -> Float[Array, "*batch n dv"]:
     """The output of [`eqattn.parallel.ring_attention_with_lse`][] (same arguments)."""
     return ring_attention_with_lse(
@@ -426,6 +431,7 @@ def ring_attention(
         mask=mask,
         causal=causal,
         chunk_size=chunk_size,
+        tiling=tiling,
     )[0]
 
 

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._attention import attention_with_lse
-from .._core import finalize
+from .._core import Tiling, check_tiling, finalize
 from .._implementation import validate
 
 
@@ -56,6 +56,7 @@ def sharded_attention_with_lse(
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     chunk_size: int | None = None,
+    tiling: Tiling | None = None,
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""[`eqattn.attention_with_lse`][] with the keys and values split along $m$ over the mesh axis
     `axis` (sequence parallelism, via `jax.shard_map`).
@@ -76,6 +77,7 @@ def sharded_attention_with_lse(
     result up to round-off.
     """
     queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
+    tiling = check_tiling(tiling)
     check_axis(mesh, axis)
     size, m = mesh.shape[axis], keys.shape[-2]
     if m % size:
@@ -103,7 +105,9 @@ def sharded_attention_with_lse(
         # device-varying too (whose transpose sums their cotangents over `axis`).
         q, b = varying(q, axis), varying(b, axis)
         msk = msk if msk is None or split_mask else varying(msk, axis)
-        out, lse = attention_with_lse(q, k, v, beta=b, mask=msk, chunk_size=chunk_size)
+        out, lse = attention_with_lse(
+            q, k, v, beta=b, mask=msk, chunk_size=chunk_size, tiling=tiling
+        )
         out, lse = _combine(out, lse, axis)
         return out.astype(values.dtype), lse.astype(values.dtype)
 
