@@ -88,7 +88,7 @@ def test_selection(q, k, v, kw, expected):
         (lambda q: eqattn.attention_with_lse(q, q, implementation="cudnn"), "no log-sum-exp"),
         (lambda q: eqattn.log_normalizer(q, q, implementation="cudnn"), "no log-sum-exp"),
         (
-            lambda q: eqattn.nn.MultiHeadAttention(8, 2, key=jax.random.key(0), implementation="x"),
+            lambda q: eqattn.nn.MultiHeadAttention(2, 8, key=jax.random.key(0), implementation="x"),
             "`implementation` must be one of",
         ),
     ],
@@ -161,8 +161,8 @@ def test_mha_passes_implementation(fused_on_cpu, monkeypatch, getkey):
     calls = []
     monkeypatch.setattr(impl, "cudnn_unsupported", lambda *a: calls.append(a) or None)
     key = getkey()  # the same parameters under both implementations
-    mha = eqattn.nn.MultiHeadAttention(16, 2, key=key, implementation="cudnn")
-    xla = eqattn.nn.MultiHeadAttention(16, 2, key=key, implementation="xla")
+    mha = eqattn.nn.MultiHeadAttention(2, 16, key=key, implementation="cudnn")
+    xla = eqattn.nn.MultiHeadAttention(2, 16, key=key, implementation="xla")
     x = jax.random.normal(getkey(), (5, 16))
     np.testing.assert_allclose(mha(x, x), xla(x, x), rtol=1e-5, atol=1e-6)
     assert calls  # the cuDNN route was taken

@@ -70,11 +70,13 @@ def test_implicit_gradient_matches_unrolled_and_finite_differences(getkey, name)
         np.testing.assert_allclose(grad_flat[i], (lp - lm) / (2 * h), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.float32
 def test_jit_vmap_and_training_with_optax(getkey):
     # A synthetic task: is the sum of the first feature over the tokens positive?
     x = jax.random.normal(getkey(), (128, 10, 6))
     y = (x[..., 0].sum(-1) > 0).astype(jnp.int32)
     model = enn.DEQTransformer(2, 16, 2, key=getkey(), in_features=6, max_len=10)
+    assert x.dtype == model.head.weight.dtype == jnp.float32  # as users run it
     opt = optax.adamw(1e-3)
     state = opt.init(eqx.filter(model, eqx.is_inexact_array))
 
@@ -119,6 +121,7 @@ def test_token_task_and_padding(getkey):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.float32
 def test_non_convergence_is_reported(getkey):
     key, solver = getkey(), eqattn.Anderson(rtol=1e-12, atol=0.0, max_steps=3)
     layer = enn.ImplicitAttention(8, 2, key=key, solver=solver)
@@ -130,6 +133,7 @@ def test_non_convergence_is_reported(getkey):
         jax.block_until_ready(eqx.filter_jit(jax.vmap(loud))(x))
 
 
+@pytest.mark.float32
 def test_explicit_transformer_dropout(getkey):
     key = getkey()
     model = enn.Transformer(3, 8, 2, 2, key=key, in_features=4, max_len=6, dropout=0.5)
@@ -145,6 +149,7 @@ def test_explicit_transformer_dropout(getkey):
         enn.Transformer(3, 8, 2, 2, key=key, in_features=4, dropout=1.0)
 
 
+@pytest.mark.float32
 def test_inference_mode_turns_dropout_off(getkey):
     # eqx.nn.inference_mode switches every dropout of a model off, like Equinox's own layers;
     # the model then equals the same weights without dropout, and a call's `inference=False`
@@ -188,6 +193,7 @@ def test_variational_dropout_keeps_one_mask_per_solve(getkey):
         block(x)
 
 
+@pytest.mark.float32
 def test_deq_transformer_warm_start(getkey):
     # Starting from the previous fixed point gives the same fixed point in fewer steps.
     model = enn.DEQTransformer(
@@ -260,14 +266,14 @@ def test_jacobian_penalty_against_the_full_jacobian(getkey):
     # Frobenius norm of the Jacobian built column by column (jax.jacrev), at the fixed point.
     block = enn.DEQBlock(8, 2, key=getkey())
     x = jax.random.normal(getkey(), (5, 8))
-    z = block(x)
+    z = eqx.filter_jit(block)(x)
     injection = block.injection(x)
-    jac = jax.jacrev(lambda z: block.step(z, injection))(z).reshape(z.size, z.size)
+    jac = jax.jit(jax.jacrev(lambda z: block.step(z, injection)))(z).reshape(z.size, z.size)
     exact = float(np.sum(np.asarray(jac) ** 2) / z.size)
-    estimate = block.jacobian_penalty(x, z, probe_key=getkey(), samples=4000)
+    estimate = eqx.filter_jit(block.jacobian_penalty)(x, z, probe_key=getkey(), samples=4000)
     assert abs(float(estimate) - exact) < 0.05 * exact
-    grads = jax.grad(
-        lambda b: b.jacobian_penalty(x, z, probe_key=jax.random.key(0)), allow_int=True
+    grads = eqx.filter_jit(
+        jax.grad(lambda b: b.jacobian_penalty(x, z, probe_key=jax.random.key(0)), allow_int=True)
     )(block)
     leaves = jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))
     assert all(np.all(np.isfinite(g)) for g in leaves)
@@ -275,15 +281,16 @@ def test_jacobian_penalty_against_the_full_jacobian(getkey):
     # with dropout, the penalty is that of the map the solve used (the same masks from `key`)
     dropped = enn.DEQBlock(8, 2, key=getkey(), dropout=0.3)
     k = getkey()
-    zd = dropped(x, key=k)
-    penalty = lambda **kw: dropped.jacobian_penalty(x, zd, probe_key=jax.random.key(1), **kw)  # noqa: E731
+    zd = eqx.filter_jit(dropped)(x, key=k)
+    jitted = eqx.filter_jit(dropped.jacobian_penalty)
+    penalty = lambda **kw: jitted(x, zd, probe_key=jax.random.key(1), **kw)  # noqa: E731
     assert penalty(key=k) == penalty(key=k) != penalty(inference=True)
     with pytest.raises(ValueError, match="needs `key`"):
         penalty()
     model = enn.DEQTransformer(3, 8, 2, key=getkey(), in_features=4, max_len=6)
     xt = jax.random.normal(getkey(), (6, 4))
-    _, eq = model.forward(xt)
-    assert float(model.jacobian_penalty(xt, eq.value, probe_key=getkey())) > 0
+    _, eq = eqx.filter_jit(model.forward)(xt)
+    assert float(eqx.filter_jit(model.jacobian_penalty)(xt, eq.value, probe_key=getkey())) > 0
 
 
 def test_hopfield_retrieves_stored_patterns(getkey):
@@ -408,3 +415,68 @@ def test_explicit_transformer_baseline(getkey):
         enn.Transformer(3, 16, 2, 0, key=getkey(), in_features=6)
     with pytest.raises(ValueError, match=r"`x` must have shape \[n, 6\]"):
         model(jnp.ones((7, 5)))
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_multihead_attention_carries_over_to_equinox(getkey, biases):
+    """Equinox's positional order and field names: the same four projections in
+    `eqx.nn.MultiheadAttention` (its fixed 1/sqrt(qk_size) scale is eqattn's initial beta) give
+    the same output, for cross-attention with every size different and a mask."""
+    sizes = dict(key_size=5, value_size=7, output_size=3, qk_size=4, vo_size=2)
+    flags = (biases,) * 4
+    ours = enn.MultiHeadAttention(3, 6, *sizes.values(), *flags, key=getkey(), dtype=F64)
+    theirs = eqx.nn.MultiheadAttention(3, 6, *sizes.values(), *flags, key=getkey(), dtype=F64)
+    for name in ("query_proj", "key_proj", "value_proj", "output_proj"):
+        theirs = eqx.tree_at(lambda m: getattr(m, name), theirs, getattr(ours, name))
+    q = jax.random.normal(getkey(), (4, 6), F64)
+    k = jax.random.normal(getkey(), (9, 5), F64)
+    v = jax.random.normal(getkey(), (9, 7), F64)
+    mask = jax.random.bernoulli(getkey(), 0.7, (4, 9)).at[:, 0].set(True)
+    np.testing.assert_allclose(
+        ours(q, k, v, mask=mask), theirs(q, k, v, mask=mask), rtol=1e-12, atol=1e-14
+    )
+    for name, value in dict(num_heads=3, query_size=6, **sizes).items():
+        assert getattr(ours, name) == getattr(theirs, name), name
+    # the defaults agree too (values default to the keys: value_size defaults to key_size)
+    ours, theirs = (
+        enn.MultiHeadAttention(2, 8, key=getkey()),
+        eqx.nn.MultiheadAttention(2, 8, key=getkey()),
+    )
+    assert jax.tree.map(jnp.shape, ours.query_proj) == jax.tree.map(jnp.shape, theirs.query_proj)
+    assert jax.tree.map(jnp.shape, ours.output_proj) == jax.tree.map(jnp.shape, theirs.output_proj)
+    with pytest.raises(ValueError, match="qk_size"):
+        enn.MultiHeadAttention(4, 2, key=getkey())
+    with pytest.raises(ValueError, match="without an output projection"):
+        enn.MultiHeadAttention(2, 8, output_size=5, output_projection=False, key=getkey())
+
+
+def test_one_convention_for_outputs_with_statistics(getkey):
+    """`layer(...)` is the output; `layer.forward(...)` is `(output, Equilibrium)` on every
+    equilibrium layer and model, and the statistics describe the returned solve: the residual
+    of the layer's own update at the solved state, recomputed here, is the reported one."""
+    x = jax.random.normal(getkey(), (5, 8), F64)
+    y = jax.random.normal(getkey(), (7, 6), F64)
+    layers = _layers(getkey())
+    kp, kl, kt = jax.random.split(getkey(), 3)
+    pool = enn.HopfieldPooling(8, 2, key=kp, num_queries=3, dtype=F64)
+    lookup = enn.HopfieldLayer(8, 4, 2, key=kl, dtype=F64)
+    model = enn.DEQTransformer(3, 8, 2, key=kt, in_features=8, max_len=8, dtype=F64)
+    calls = {name: (lambda f, n=name: f(x, y) if n == "Hopfield" else f(x)) for name in layers}
+    cases = [(layers[n], calls[n]) for n in layers] + [
+        (pool, lambda f: f(y[:, :6] @ jnp.ones((6, 8)))),
+        (lookup, lambda f: f(x)),
+        (model, lambda f: f(x)),
+    ]
+    for layer, call in cases:
+        out, eq = call(eqx.filter_jit(layer.forward))
+        assert isinstance(eq, eqattn.Equilibrium), type(layer).__name__
+        np.testing.assert_array_equal(out, call(eqx.filter_jit(layer)))
+        assert int(eq.steps) >= 1, type(layer).__name__
+    for name in ("ImplicitAttention", "DEQBlock", "EnergyAttention"):
+        layer = layers[name]
+        out, eq = eqx.filter_jit(layer.forward)(x)
+        np.testing.assert_array_equal(out, eq.value)  # the output is the solved state
+        assert bool(eq.converged), name
+        image = layer.step(out, x if name == "EnergyAttention" else layer.injection(x))
+        residual = np.linalg.norm(np.asarray(image - out))
+        np.testing.assert_allclose(eq.residual, residual, rtol=1e-6, atol=1e-13)

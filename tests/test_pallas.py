@@ -235,7 +235,7 @@ def test_multihead_attention_layer(getkey):
     x = jax.random.normal(getkey(), (12, 16), jnp.float32)
     key = getkey()
     layers = [
-        eqattn.nn.MultiHeadAttention(16, 2, key=key, implementation=impl)
+        eqattn.nn.MultiHeadAttention(2, 16, key=key, implementation=impl)
         for impl in ("pallas", "xla")
     ]
     with jax.default_matmul_precision("float32"):

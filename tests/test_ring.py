@@ -314,8 +314,8 @@ def test_sequence_split_errors():
         par.SequenceSplit(mesh, "model")
     with pytest.raises(ValueError, match="exclude each other"):
         eqattn.nn.MultiHeadAttention(
-            8,
             2,
+            8,
             key=jax.random.key(0),
             implementation="xla",
             sequence=par.SequenceSplit(mesh, "seq"),

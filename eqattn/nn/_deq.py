@@ -139,7 +139,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, ki, k1, k2 = jax.random.split(key, 4)
-        self.attention = MultiHeadAttention(dim, num_heads, key=ka, sequence=sequence, dtype=dtype)
+        self.attention = MultiHeadAttention(num_heads, dim, key=ka, sequence=sequence, dtype=dtype)
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
         self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
@@ -229,10 +229,19 @@ class DEQBlock(AbstractEquilibriumLayer):
             z = eq.value
         return pieces
 
-    def __call__(self, x, *, mask=None, key=None, inference=None, z0=None, max_steps=None):
-        return self.equilibrium(
+    def forward(
+        self, x, *, mask=None, key=None, inference=None, z0=None, max_steps=None
+    ) -> tuple[Float[Array, "n dim"], Equilibrium]:
+        """$z^*$ and its [`eqattn.Equilibrium`][] (the output is the solved state)."""
+        eq = self.equilibrium(
             x, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps
-        ).value
+        )
+        return eq.value, eq
+
+    def __call__(self, x, *, mask=None, key=None, inference=None, z0=None, max_steps=None):
+        return self.forward(x, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps)[
+            0
+        ]
 
     def jacobian_penalty(
         self,

@@ -122,5 +122,12 @@ class EnergyAttention(AbstractEquilibriumLayer):
         z0 = x if z0 is None else z0
         return self.solve(EnergyAttention.step, z0, x, mask, max_steps=max_steps)
 
+    def forward(
+        self, x, *, mask=None, z0=None, max_steps=None
+    ) -> tuple[Float[Array, "n dim"], Equilibrium]:
+        """The stationary point and its [`eqattn.Equilibrium`][] (the output is the solved state)."""
+        eq = self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps)
+        return eq.value, eq
+
     def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:
-        return self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps).value
+        return self.forward(x, mask=mask, z0=z0, max_steps=max_steps)[0]

@@ -38,7 +38,7 @@ from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ._deq import check_dropout
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import MultiHeadAttention, check_mask, check_tokens
+from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
 
 
 class Hopfield(AbstractEquilibriumLayer):
@@ -162,16 +162,19 @@ class Hopfield(AbstractEquilibriumLayer):
         if not update_steps_eps >= 0:
             raise ValueError(f"`update_steps_eps` must be >= 0; got {update_steps_eps}.")
         check_dropout(dropout)
+        hidden_dim = state_dim if hidden_dim is None else hidden_dim
+        value_dim = hidden_dim if value_dim is None else value_dim
         self.attention = MultiHeadAttention(
-            state_dim,
             num_heads,
+            state_dim,
+            stored_dim,
+            stored_dim,
+            out_dim,
+            check_dims(hidden_dim, num_heads, "hidden_dim"),
+            check_dims(value_dim, num_heads, "value_dim"),
+            *(use_bias,) * 4,
             key=key,
-            key_dim=stored_dim,
-            hidden_dim=hidden_dim,
-            value_dim=value_dim,
-            out_dim=out_dim,
             output_projection=output_projection,
-            use_bias=use_bias,
             beta=beta,
             dtype=dtype,
         )
@@ -445,11 +448,12 @@ class HopfieldPooling(eqx.Module):
         self.queries = jax.random.normal(kq, (num_queries, dim), dtype or jnp.result_type(float))
         self.trainable = trainable
 
-    def __call__(
+    def forward(
         self, stored, *, padding_mask=None, max_steps=None, key=None, inference=None
-    ) -> Float[Array, "q out"]:
+    ) -> tuple[Float[Array, "q out"], Equilibrium]:
+        """The pooled vectors and the `Equilibrium` of the projected queries."""
         queries = self.queries if self.trainable else lax.stop_gradient(self.queries)
-        return self.hopfield(
+        return self.hopfield.forward(
             queries,
             stored,
             padding_mask=padding_mask,
@@ -457,6 +461,13 @@ class HopfieldPooling(eqx.Module):
             key=key,
             inference=inference,
         )
+
+    def __call__(
+        self, stored, *, padding_mask=None, max_steps=None, key=None, inference=None
+    ) -> Float[Array, "q out"]:
+        return self.forward(
+            stored, padding_mask=padding_mask, max_steps=max_steps, key=key, inference=inference
+        )[0]
 
 
 class HopfieldLayer(eqx.Module):
@@ -496,11 +507,17 @@ class HopfieldLayer(eqx.Module):
         self.trainable = trainable
         self.targets_trainable = targets_trainable
 
-    def __call__(self, state, *, max_steps=None, key=None, inference=None) -> Float[Array, "n out"]:
+    def forward(
+        self, state, *, max_steps=None, key=None, inference=None
+    ) -> tuple[Float[Array, "n out"], Equilibrium]:
+        """The looked-up output and the `Equilibrium` of the projected state patterns."""
         patterns = self.patterns if self.trainable else lax.stop_gradient(self.patterns)
         targets = self.targets
         if targets is not None and not self.targets_trainable:
             targets = lax.stop_gradient(targets)
-        return self.hopfield(
+        return self.hopfield.forward(
             state, patterns, max_steps=max_steps, key=key, inference=inference, values=targets
         )
+
+    def __call__(self, state, *, max_steps=None, key=None, inference=None) -> Float[Array, "n out"]:
+        return self.forward(state, max_steps=max_steps, key=key, inference=inference)[0]

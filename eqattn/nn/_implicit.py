@@ -98,7 +98,7 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         check_norm(norm)
         ka, ki = jax.random.split(key)
         self.attention = MultiHeadAttention(
-            dim, num_heads, key=ka, beta=beta, sequence=sequence, dtype=dtype
+            num_heads, dim, key=ka, beta=beta, sequence=sequence, dtype=dtype
         )
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
@@ -135,6 +135,13 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         z0 = jnp.zeros_like(injection) if z0 is None else shard_tokens(self.attention.sequence, z0)
         return self.solve(ImplicitAttention.step, z0, injection, mask, max_steps=max_steps)
 
+    def forward(
+        self, x, *, mask=None, z0=None, max_steps=None
+    ) -> tuple[Float[Array, "n dim"], Equilibrium]:
+        """$z^*$ and its [`eqattn.Equilibrium`][] (the output is the solved state)."""
+        eq = self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps)
+        return eq.value, eq
+
     def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:
         """$z^*$, of the shape of `x`."""
-        return self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps).value
+        return self.forward(x, mask=mask, z0=z0, max_steps=max_steps)[0]

@@ -1,8 +1,11 @@
-"""What every layer solved to equilibrium shares: a solver, an adjoint, and a `throw` flag."""
+"""What every layer solved to equilibrium shares: a solver, an adjoint, a `throw` flag, and one
+convention for its output and solver statistics."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 
@@ -11,11 +14,26 @@ from .._solve._equilibrium import Equilibrium
 
 
 class AbstractEquilibriumLayer(eqx.Module):
-    """A layer whose output is a fixed point $z^* = \\mathrm{update}(z^*, \\ldots)$."""
+    """A layer whose output is computed from a fixed point $z^* = \\mathrm{update}(z^*, \\ldots)$.
+
+    One convention on every equilibrium layer (and on [`eqattn.nn.DEQTransformer`][],
+    [`eqattn.nn.HopfieldPooling`][] and [`eqattn.nn.HopfieldLayer`][]):
+
+    - `layer(...)` returns the output;
+    - `layer.forward(...)` returns `(output, equilibrium)`, the same output and the solve's
+      [`eqattn.Equilibrium`][] (steps, residuals, `converged`; under `jax.vmap`, per example);
+    - `layer.equilibrium(...)`, where a layer has it, returns the `Equilibrium` alone, whose
+      `value` is the solved state (the output itself for `ImplicitAttention`, `DEQBlock` and
+      `EnergyAttention`; the projected state patterns for the Hopfield layers).
+    """
 
     solver: eqx.AbstractVar[AbstractFixedPointSolver]
     adjoint: eqx.AbstractVar[AbstractAdjoint]
     throw: eqx.AbstractVar[bool]
+
+    @abc.abstractmethod
+    def forward(self, *args, **kwargs) -> tuple[Any, Equilibrium]:
+        """The output and the solve's `Equilibrium`."""
 
     def solve(self, update: Callable, z0, *args, max_steps=None) -> Equilibrium:
         """Solve $z = \\mathrm{update}(\\mathrm{self}, z, *\\mathrm{args})$ from `z0` with this layer's

@@ -66,14 +66,26 @@ def shard_tokens(sequence, x):
 
 
 class MultiHeadAttention(eqx.Module):
-    r"""$\mathrm{MHA}(u, w) = W_o\,[\mathrm{attention}(u W_q^h, w W_k^h, w W_v^h;\ \beta_h)]_h$.
+    r"""$\mathrm{MHA}(u, w, v) = W_o\,[\mathrm{attention}(u W_q^h, w W_k^h, v W_v^h;\ \beta_h)]_h$.
 
-    The inverse temperatures are learned as $\log\beta_h$, initialized to $1/\sqrt{d_h}$.
-    `implementation` chooses the attention kernel (see [`eqattn.select_implementation`][]; `"auto"`
-    takes cuDNN's on a GPU for bf16/fp16 without a mask). `sequence`, an
-    [`eqattn.parallel.SequenceSplit`][], splits the tokens over a mesh axis and attends with
-    [`eqattn.parallel.ring_attention`][] instead.
-    Acts on one example: `queries [n, query_dim]`, `keys [m, key_dim]` -> `[n, out_dim]`.
+    The constructor, the projections (`query_proj`, `key_proj`, `value_proj`, `output_proj`) and
+    the size fields are those of `eqx.nn.MultiheadAttention`, in its positional order, so its
+    weights and habits carry over. What eqattn adds:
+
+    - an inverse temperature per head, learned as $\log\beta_h$ (`log_beta`), initialized to
+      `beta` (default $1/\sqrt{\mathrm{qk\_size}}$, Equinox's fixed scale);
+    - `values` may be omitted (they are then the keys, so `value_size` defaults to `key_size`);
+    - masks broadcasting to `[n, m]`, with fully masked rows giving 0 (not NaN);
+    - `implementation`, the attention kernel (see [`eqattn.select_implementation`][]; `"auto"`
+      takes cuDNN's on a GPU for bf16/fp16 without a mask), and `sequence`, an
+      [`eqattn.parallel.SequenceSplit`][] that splits the tokens over a mesh axis and attends
+      with [`eqattn.parallel.ring_attention`][];
+    - `output_projection=False` drops $W_o$ (the heads' outputs are concatenated; then
+      `output_size` must be `num_heads * vo_size`).
+
+    Acts on one example: `queries [n, query_size]`, `keys [m, key_size]`,
+    `values [m, value_size]` -> `[n, output_size]`. No dropout on the weights (Equinox's
+    `dropout_p`); the equilibrium layers drop sublayer outputs instead.
     """
 
     query_proj: eqx.nn.Linear
@@ -82,47 +94,78 @@ class MultiHeadAttention(eqx.Module):
     output_proj: eqx.nn.Linear | None
     log_beta: Float[Array, " heads"]
     num_heads: int = eqx.field(static=True)
+    query_size: int = eqx.field(static=True)
+    key_size: int = eqx.field(static=True)
+    value_size: int = eqx.field(static=True)
+    output_size: int = eqx.field(static=True)
+    qk_size: int = eqx.field(static=True)
+    vo_size: int = eqx.field(static=True)
+    use_query_bias: bool = eqx.field(static=True)
+    use_key_bias: bool = eqx.field(static=True)
+    use_value_bias: bool = eqx.field(static=True)
+    use_output_bias: bool = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
     sequence: SequenceSplit | None = eqx.field(static=True)
 
     def __init__(
         self,
-        query_dim: int,
         num_heads: int,
+        query_size: int,
+        key_size: int | None = None,
+        value_size: int | None = None,
+        output_size: int | None = None,
+        qk_size: int | None = None,
+        vo_size: int | None = None,
+        use_query_bias: bool = False,
+        use_key_bias: bool = False,
+        use_value_bias: bool = False,
+        use_output_bias: bool = False,
         *,
         key: PRNGKeyArray,
-        key_dim: int | None = None,
-        hidden_dim: int | None = None,
-        value_dim: int | None = None,
-        out_dim: int | None = None,
-        output_projection: bool = True,
-        use_bias: bool = False,
         beta: float | None = None,
+        output_projection: bool = True,
         implementation: Implementation = "auto",
         sequence: SequenceSplit | None = None,
         dtype=None,
     ):
-        key_dim = query_dim if key_dim is None else key_dim
-        hidden_dim = query_dim if hidden_dim is None else hidden_dim
-        value_dim = hidden_dim if value_dim is None else value_dim
-        out_dim = query_dim if out_dim is None else out_dim
-        head_dim = check_dims(hidden_dim, num_heads, "hidden_dim")
-        check_dims(value_dim, num_heads, "value_dim")
-        kq, kk, kv, ko = jax.random.split(key, 4)
-        lin = lambda i, o, k: eqx.nn.Linear(i, o, use_bias=use_bias, key=k, dtype=dtype)  # noqa: E731
-        self.query_proj = lin(query_dim, hidden_dim, kq)
-        self.key_proj = lin(key_dim, hidden_dim, kk)
-        self.value_proj = lin(key_dim, value_dim, kv)
-        self.output_proj = lin(value_dim, out_dim, ko) if output_projection else None
-        if not output_projection and value_dim != out_dim:
+        for name, value in (("num_heads", num_heads), ("query_size", query_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an int >= 1; got {value!r}.")
+        key_size = query_size if key_size is None else key_size
+        value_size = key_size if value_size is None else value_size
+        qk_size = query_size // num_heads if qk_size is None else qk_size
+        vo_size = query_size // num_heads if vo_size is None else vo_size
+        heads_out = num_heads * vo_size
+        if output_size is None:
+            output_size = query_size if output_projection else heads_out
+        if qk_size < 1 or vo_size < 1:
             raise ValueError(
-                f"without an output projection `value_dim` ({value_dim}) must equal `out_dim` ({out_dim})."
+                f"`qk_size` and `vo_size` (per head; default query_size // num_heads) must be "
+                f">= 1; got qk_size={qk_size}, vo_size={vo_size} (query_size={query_size}, "
+                f"num_heads={num_heads})."
             )
-        beta = 1 / math.sqrt(head_dim) if beta is None else beta
+        if not output_projection and output_size != heads_out:
+            raise ValueError(
+                f"without an output projection `output_size` ({output_size}) must equal "
+                f"num_heads * vo_size ({heads_out})."
+            )
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        lin = lambda i, o, b, k: eqx.nn.Linear(i, o, use_bias=b, key=k, dtype=dtype)  # noqa: E731
+        self.query_proj = lin(query_size, num_heads * qk_size, use_query_bias, kq)
+        self.key_proj = lin(key_size, num_heads * qk_size, use_key_bias, kk)
+        self.value_proj = lin(value_size, heads_out, use_value_bias, kv)
+        self.output_proj = (
+            lin(heads_out, output_size, use_output_bias, ko) if output_projection else None
+        )
+        beta = 1 / math.sqrt(qk_size) if beta is None else beta
         if beta <= 0:
             raise ValueError(f"`beta` must be > 0; got {beta}.")
         self.log_beta = jnp.full((num_heads,), math.log(beta), dtype=dtype)
         self.num_heads = num_heads
+        self.query_size, self.key_size, self.value_size = query_size, key_size, value_size
+        self.output_size, self.qk_size, self.vo_size = output_size, qk_size, vo_size
+        self.use_query_bias, self.use_key_bias = use_query_bias, use_key_bias
+        self.use_value_bias, self.use_output_bias = use_value_bias, use_output_bias
         check_implementation(implementation, need_lse=False)
         self.implementation = implementation
         self.sequence = check_sequence(sequence, implementation)
@@ -141,7 +184,7 @@ class MultiHeadAttention(eqx.Module):
         self,
         queries: Float[Array, "n dq"],
         keys: Float[Array, "m dk"],
-        values: Float[Array, "m dk"] | None = None,
+        values: Float[Array, "m dv"] | None = None,
         *,
         mask: Bool[Array, "n m"] | None = None,
     ) -> Float[Array, "n do"]:

@@ -48,7 +48,7 @@ class TransformerBlock(eqx.Module):
         check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, k1, k2 = jax.random.split(key, 3)
-        self.attention = MultiHeadAttention(dim, num_heads, key=ka, dtype=dtype)
+        self.attention = MultiHeadAttention(num_heads, dim, key=ka, dtype=dtype)
         self.mlp_in = eqx.nn.Linear(dim, hidden, key=k1, dtype=dtype)
         self.mlp_out = eqx.nn.Linear(hidden, dim, key=k2, dtype=dtype)
         self.norm_first = norm_first
