@@ -1,3 +1,4 @@
+import gc
 import os
 
 # 8 CPU devices for the multi-device tests (before jax is imported; computations not sharded
@@ -19,6 +20,18 @@ import pytest  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 
+@pytest.fixture(autouse=True)
+def _dtype_of_the_test(request):
+    """float64 by default (comparisons against float64 references); tests marked `float32` run
+    with `jax_enable_x64` off, so layers, training and the command line take JAX's default
+    float32 as they do for users."""
+    if request.node.get_closest_marker("float32") is None:
+        yield
+    else:
+        with jax.enable_x64(False):
+            yield
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
@@ -28,3 +41,12 @@ def rng():
 def getkey():
     keys = iter(jax.random.split(jax.random.key(0), 1000))
     return lambda: next(keys)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's caches of traced and compiled programs after each test module: few are reused
+    across modules, and a worker that keeps every module's programs grows to several GB."""
+    yield
+    jax.clear_caches()
+    gc.collect()

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -19,6 +20,8 @@ pytest.importorskip("tqdm")
 from eqattn.cli import main  # noqa: E402
 from eqattn.cli._train import shift_images  # noqa: E402
 
+# The command runs in JAX's default float32 for its users (the suite's default is float64).
+pytestmark = pytest.mark.float32
 ROOT = Path(__file__).parent.parent
 TINY = ["--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress"]
 
@@ -32,7 +35,8 @@ def run(capsys, *argv):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("deq")
-    code = main(["train", *TINY, "--epochs", "2", "--max-steps", "8", "--out", str(out)])
+    with jax.enable_x64(False):  # a module fixture runs outside the tests' float32 marker
+        code = main(["train", *TINY, "--epochs", "2", "--max-steps", "8", "--out", str(out)])
     assert code == 0
     return out
 
