@@ -257,3 +257,20 @@ def test_shift_images():
     rows, cols = np.nonzero(shifted)[1:]
     assert set(rows) == {3, 4, 5} and set(cols) == {2, 3, 4}
     np.testing.assert_array_equal(shift_images(images, 0, np.random.default_rng(0)), images)
+
+
+def test_a_checkpoint_of_the_earlier_model_layout_still_loads():
+    """A checkpoint written before the models held `TokenEmbedding` and `ReadOut` modules (its
+    logits recorded by that code) loads into today's models with the same logits: the modules
+    keep the leaf order checkpoints are written in."""
+    from eqattn.cli import load_model
+    from eqattn.data import load_digits, tokenize
+
+    fixture = ROOT / "tests" / "fixtures" / "checkpoint-v2"
+    expected = json.loads((fixture / "expected.json").read_text())
+    model = load_model(fixture / "checkpoint.eqx")[0]
+    x = tokenize(load_digits().test_images[:4], "rows")
+    logits = jax.vmap(lambda xi: model(xi, inference=True))(x)
+    np.testing.assert_allclose(
+        logits, expected["logits_of_the_first_4_test_images"], rtol=1e-6, atol=1e-6
+    )

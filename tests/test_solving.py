@@ -233,9 +233,10 @@ def test_args_may_hold_any_pytree():
             self.adjoint = eqattn.ImplicitAdjoint()
             self.throw = True
 
-        def __call__(self, x):
+        def forward(self, x):  # the convention: (output, Equilibrium); __call__ is inherited
             step = lambda self, z, x: jnp.tanh(self.mlp(z) + x)  # noqa: E731
-            return self.solve(step, jnp.zeros_like(x), x).value
+            eq = self.solve(step, jnp.zeros_like(x), x)
+            return eq.value, eq
 
     layer = MLPLayer(mlp)
     g = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(layer)

@@ -36,7 +36,7 @@ from ._run import RunDirectory, atomic_write, failpoint
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Optimization settings (the model's own are in [`ModelConfig`][])."""
+    """Optimization settings (the model's own are in [`ModelConfig`][eqattn.cli.ModelConfig])."""
 
     epochs: int = 40
     batch_size: int = 64
@@ -363,7 +363,7 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
             resume=boundary["resume"],
             epoch=epoch,
             test_accuracy=acc,
-            dtype=jnp.dtype(model.head.weight.dtype).name,
+            dtype=jnp.dtype(model.readout.head.weight.dtype).name,
         )
         atomic_write(out / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
         return metrics

@@ -8,6 +8,11 @@ from ._hopfield import (
     HopfieldPooling as HopfieldPooling,
 )
 from ._implicit import ImplicitAttention as ImplicitAttention
+from ._io import (
+    AbstractTransformer as AbstractTransformer,
+    ReadOut as ReadOut,
+    TokenEmbedding as TokenEmbedding,
+)
 from ._layer import AbstractEquilibriumLayer as AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention as MultiHeadAttention
 from ._transformer import Transformer as Transformer, TransformerBlock as TransformerBlock

@@ -29,8 +29,9 @@ from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ..parallel import SequenceSplit
-from ._implicit import Norm, apply_norm, check_norm
-from ._io import Pooling, embed_tokens, init_io, read_out
+from ._block import AbstractBlock, check_dropout
+from ._implicit import Norm, check_norm
+from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import (
     MultiHeadAttention,
@@ -41,57 +42,7 @@ from ._multihead import (
 )
 
 
-def block_map(block, z, injection=None, mask=None, drop=None):
-    """Attention and MLP sublayers with residuals and RN (post- or pre-norm); `block` has
-    `attention`, `mlp_in`, `mlp_out`, `norm` and `norm_first`."""
-    rn = lambda u: apply_norm(block.norm, u)  # noqa: E731
-    drop_attn, drop_mlp = (None, None) if drop is None else drop
-    a_in = rn(z) if block.norm_first else z
-    a = block.attention(a_in, a_in, mask=mask)
-    a = a if drop_attn is None else a * drop_attn
-    u = z + a if injection is None else z + a + injection
-    u = u if block.norm_first else rn(u)
-    h = jax.nn.gelu(jax.vmap(block.mlp_in)(rn(u) if block.norm_first else u))
-    h = h if drop_mlp is None else h * drop_mlp
-    return rn(u + jax.vmap(block.mlp_out)(h))
-
-
-def check_dropout(rate: float) -> None:
-    if not 0 <= rate < 1:
-        raise ValueError(f"`dropout` must be in [0, 1); got {rate}.")
-
-
-def _dropout_mask(key, rate, shape, dtype):
-    keep = jax.random.bernoulli(key, 1 - rate, shape)
-    return keep.astype(dtype) / (1 - rate)
-
-
-def draw_dropout(layer, key, inference, n, dtype):
-    """The dropout masks of `layer` (with `dropout`, `inference` and `mlp_in` fields) for
-    `block_map`, or None: none when the rate is 0 or in inference mode (`inference`, or the
-    layer's field when that is None, as for `eqx.nn.Dropout`)."""
-    inference = layer.inference if inference is None else inference
-    if layer.dropout == 0 or inference:
-        return None
-    if key is None:
-        raise ValueError(
-            f"{type(layer).__name__} with dropout > 0 needs `key` (or inference=True, or "
-            "eqx.nn.inference_mode(model))."
-        )
-    return dropout_masks(key, layer.dropout, n, layer.mlp_in, dtype)
-
-
-def dropout_masks(key, rate, n, mlp_in, dtype):
-    """Inverted-dropout masks for the attention output `[n, dim]` and the MLP hidden `[n, hidden]`
-    of `block_map`."""
-    k1, k2 = jax.random.split(key)
-    return (
-        _dropout_mask(k1, rate, (n, mlp_in.in_features), dtype),
-        _dropout_mask(k2, rate, (n, mlp_in.out_features), dtype),
-    )
-
-
-class DEQBlock(AbstractEquilibriumLayer):
+class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     """Weight-tied transformer block (attention + MLP, input injection) solved to equilibrium.
 
     **Arguments:** `dim`, `num_heads`, `key`; `mlp_ratio` (hidden width of the MLP / dim);
@@ -162,7 +113,7 @@ class DEQBlock(AbstractEquilibriumLayer):
 
     def step(self, z, injection, mask=None, drop=None):
         """One application of the block's map (see the module docstring)."""
-        return shard_tokens(self.attention.sequence, block_map(self, z, injection, mask, drop))
+        return shard_tokens(self.attention.sequence, self.sublayers(z, injection, mask, drop))
 
     def _prepare(self, x, mask, key, inference):
         """The solve's arguments: the injection, the mask and the dropout masks."""
@@ -170,7 +121,7 @@ class DEQBlock(AbstractEquilibriumLayer):
         n = x.shape[0]
         mask = check_mask(mask, n, n)
         injection = shard_tokens(self.attention.sequence, self.injection(x))
-        return injection, mask, draw_dropout(self, key, inference, n, injection.dtype)
+        return injection, mask, self.dropout_masks(key, inference, n, injection.dtype)
 
     def equilibrium(
         self,
@@ -280,7 +231,7 @@ def _check_start(z0, h):
         )
 
 
-class DEQTransformer(eqx.Module):
+class DEQTransformer(AbstractTransformer):
     """Embedding -> position embedding -> one implicit [`eqattn.nn.DEQBlock`][] -> pooling -> head.
 
     **Arguments:**
@@ -296,16 +247,13 @@ class DEQTransformer(eqx.Module):
 
     `model(x, *, padding_mask=None, key=None, inference=None)` returns logits; `padding_mask [n]`
     is `True` for real tokens. `model.forward(x, ...)` also returns the block's `Equilibrium`.
+    The modules: `embedding` ([`eqattn.nn.TokenEmbedding`][]), `block`, `readout`
+    ([`eqattn.nn.ReadOut`][]), as [`eqattn.nn.Transformer`][] has them.
     """
 
-    embed: eqx.nn.Embedding | eqx.nn.Linear
-    positions: Float[Array, "max_len dim"]
-    cls_token: Float[Array, " dim"] | None
+    embedding: TokenEmbedding
     block: DEQBlock
-    final_norm: eqx.nn.LayerNorm
-    head: eqx.nn.Linear
-    pooling: str = eqx.field(static=True)
-    max_len: int = eqx.field(static=True)
+    readout: ReadOut
 
     def __init__(
         self,
@@ -321,13 +269,26 @@ class DEQTransformer(eqx.Module):
         dtype=None,
         **block_kwargs,
     ):
-        ke, kp, kc, kb, kh = jax.random.split(key, 5)
-        self.embed, self.positions, self.cls_token, self.final_norm, self.head = init_io(
-            (ke, kp, kc, kh), num_outputs, dim, vocab_size, in_features, max_len, pooling, dtype
+        ke, kb, kh = jax.random.split(key, 3)
+        self.readout = ReadOut(dim, num_outputs, key=kh, pooling=pooling, dtype=dtype)
+        self.embedding = TokenEmbedding(
+            dim,
+            key=ke,
+            vocab_size=vocab_size,
+            in_features=in_features,
+            max_len=max_len,
+            cls_token=pooling == "cls",
+            dtype=dtype,
         )
         self.block = DEQBlock(dim, num_heads, key=kb, dtype=dtype, **block_kwargs)
-        self.pooling = pooling
-        self.max_len = max_len
+
+    def apply_blocks(self, h, mask, *, key=None, inference=None, max_steps=None, z0=None):
+        """The block solved to equilibrium: `(z*, its Equilibrium)`."""
+        _check_start(z0, h)
+        eq = self.block.equilibrium(
+            h, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps
+        )
+        return eq.value, eq
 
     def forward(
         self,
@@ -341,13 +302,7 @@ class DEQTransformer(eqx.Module):
     ) -> tuple[Array, Equilibrium]:
         """Logits and the block's `Equilibrium`. `z0` warm-starts the solve (e.g. this example's
         previous fixed point, `eq.value`); `max_steps` caps it for this call."""
-        h, padding_mask = embed_tokens(self, x, padding_mask)
-        attn_mask = None if padding_mask is None else padding_mask[None, :]
-        _check_start(z0, h)
-        eq = self.block.equilibrium(
-            h, mask=attn_mask, key=key, inference=inference, z0=z0, max_steps=max_steps
-        )
-        return read_out(self, eq.value, padding_mask), eq
+        return self._run(x, padding_mask, key=key, inference=inference, max_steps=max_steps, z0=z0)
 
     def trajectory(
         self,
@@ -365,7 +320,7 @@ class DEQTransformer(eqx.Module):
         [`trajectory`][eqattn.nn.DEQBlock.trajectory] (fixed-point correction), and the pieces'
         `Equilibrium`s; the last piece's logits are those of a solve capped at
         `sum(segments)` steps."""
-        h, padding_mask = embed_tokens(self, x, padding_mask)
+        h, padding_mask = self.embedding(x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
         _check_start(z0, h)
         pieces = self.block.trajectory(
@@ -378,7 +333,7 @@ class DEQTransformer(eqx.Module):
             phantom_steps=phantom_steps,
             damping=damping,
         )
-        return [read_out(self, eq.value, padding_mask) for eq in pieces], pieces
+        return [self.readout(eq.value, padding_mask) for eq in pieces], pieces
 
     def jacobian_penalty(
         self,
@@ -394,7 +349,7 @@ class DEQTransformer(eqx.Module):
         """The block's [`jacobian_penalty`][eqattn.nn.DEQBlock.jacobian_penalty] at `z` (e.g.
         `forward`'s `eq.value`) for the input `x`, with the same `padding_mask`, `key` and
         `inference` as the `forward` call that found `z`."""
-        h, padding_mask = embed_tokens(self, x, padding_mask)
+        h, padding_mask = self.embedding(x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
         return self.block.jacobian_penalty(
             h,

@@ -36,7 +36,7 @@ from .._solve import (
 from .._solve._equilibrium import RESULTS, Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
-from ._deq import check_dropout
+from ._block import check_dropout
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
 

@@ -1,72 +1,143 @@
-"""Token embedding and read-out shared by the transformer models (implicit and explicit)."""
+"""What the transformer models (explicit and implicit) share around their blocks: the token
+embedding in front and the read-out behind, each an Equinox module the models hold as a field,
+and the model itself, which differs between the two only in how its blocks are applied."""
 
 from __future__ import annotations
 
-from typing import Literal
+import abc
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 Pooling = Literal["mean", "cls", "none"]
 
 
-def init_io(keys, num_outputs, dim, vocab_size, in_features, max_len, pooling, dtype):
-    """`(embed, positions, cls_token, final_norm, head)` of a model, from four PRNG keys."""
-    if (vocab_size is None) == (in_features is None):
-        raise ValueError("give exactly one of `vocab_size` (integer tokens) and `in_features`.")
-    if pooling not in ("mean", "cls", "none"):
-        raise ValueError(f"`pooling` must be 'mean', 'cls' or 'none'; got {pooling!r}.")
-    ke, kp, kc, kh = keys
-    if vocab_size is not None:
-        embed = eqx.nn.Embedding(vocab_size, dim, key=ke, dtype=dtype)
-    else:
-        embed = eqx.nn.Linear(in_features, dim, key=ke, dtype=dtype)
-    float_dtype = dtype or jnp.result_type(float)
-    positions = 0.02 * jax.random.normal(kp, (max_len + 1, dim), float_dtype)
-    cls_token = 0.02 * jax.random.normal(kc, (dim,), float_dtype) if pooling == "cls" else None
-    final_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
-    head = eqx.nn.Linear(dim, num_outputs, key=kh, dtype=dtype)
-    return embed, positions, cls_token, final_norm, head
+class TokenEmbedding(eqx.Module):
+    """Tokens to vectors: an embedding table (integer tokens `[n]`) or a linear map (real-valued
+    tokens `[n, in_features]`), a learned summary token in front when `pooling="cls"`, and
+    learned position embeddings. `embedding(x, padding_mask)` returns `(h [tokens, dim],
+    padding_mask)`, the mask extended over the summary token."""
 
+    embed: eqx.nn.Embedding | eqx.nn.Linear
+    positions: Float[Array, "max_len dim"]
+    cls_token: Float[Array, " dim"] | None
+    max_len: int = eqx.field(static=True)
 
-def embed_tokens(model, x, padding_mask):
-    """Checked inputs -> (embedded tokens with positions (and the summary token), padding mask)."""
-    if isinstance(model.embed, eqx.nn.Embedding):
-        if jnp.ndim(x) != 1 or not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+    def __init__(
+        self,
+        dim: int,
+        *,
+        key: PRNGKeyArray,
+        vocab_size: int | None = None,
+        in_features: int | None = None,
+        max_len: int = 512,
+        cls_token: bool = False,
+        dtype=None,
+    ):
+        if (vocab_size is None) == (in_features is None):
+            raise ValueError("give exactly one of `vocab_size` (integer tokens) and `in_features`.")
+        ke, kp, kc = jax.random.split(key, 3)
+        if vocab_size is not None:
+            self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke, dtype=dtype)
+        else:
+            self.embed = eqx.nn.Linear(in_features, dim, key=ke, dtype=dtype)
+        float_dtype = dtype or jnp.result_type(float)
+        self.positions = 0.02 * jax.random.normal(kp, (max_len + 1, dim), float_dtype)
+        self.cls_token = 0.02 * jax.random.normal(kc, (dim,), float_dtype) if cls_token else None
+        self.max_len = max_len
+
+    def __call__(
+        self,
+        x: Int[Array, " n"] | Float[Array, "n f"],
+        padding_mask: Bool[Array, " n"] | None = None,
+    ) -> tuple[Float[Array, "tokens dim"], Bool[Array, " tokens"] | None]:
+        if isinstance(self.embed, eqx.nn.Embedding):
+            if jnp.ndim(x) != 1 or not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+                raise ValueError(
+                    f"`x` must be integer tokens of shape [n]; got "
+                    f"{jnp.result_type(x)}{list(jnp.shape(x))}."
+                )
+        elif jnp.ndim(x) != 2 or x.shape[-1] != self.embed.in_features:
             raise ValueError(
-                f"`x` must be integer tokens of shape [n]; got {jnp.result_type(x)}{list(jnp.shape(x))}."
+                f"`x` must have shape [n, {self.embed.in_features}]; got shape {jnp.shape(x)}."
             )
-    elif jnp.ndim(x) != 2 or x.shape[-1] != model.embed.in_features:
-        raise ValueError(
-            f"`x` must have shape [n, {model.embed.in_features}]; got shape {jnp.shape(x)}."
-        )
-    if x.shape[0] > model.max_len:
-        raise ValueError(f"`x` has {x.shape[0]} tokens; this model takes at most {model.max_len}.")
-    h = jax.vmap(model.embed)(x)
-    n = h.shape[0]
-    if padding_mask is not None:
-        padding_mask = jnp.asarray(padding_mask)
-        if padding_mask.shape != (n,) or padding_mask.dtype != jnp.bool_:
+        if x.shape[0] > self.max_len:
             raise ValueError(
-                f"`padding_mask` must be boolean of shape [{n}]; got "
-                f"{padding_mask.dtype}{list(padding_mask.shape)}."
+                f"`x` has {x.shape[0]} tokens; this model takes at most {self.max_len}."
             )
-    if model.cls_token is not None:
-        h = jnp.concatenate([model.cls_token[None], h])
+        h = jax.vmap(self.embed)(x)
+        n = h.shape[0]
         if padding_mask is not None:
-            padding_mask = jnp.concatenate([jnp.ones(1, bool), padding_mask])
-    return h + model.positions[: h.shape[0]], padding_mask
+            padding_mask = jnp.asarray(padding_mask)
+            if padding_mask.shape != (n,) or padding_mask.dtype != jnp.bool_:
+                raise ValueError(
+                    f"`padding_mask` must be boolean of shape [{n}]; got "
+                    f"{padding_mask.dtype}{list(padding_mask.shape)}."
+                )
+        if self.cls_token is not None:
+            h = jnp.concatenate([self.cls_token[None], h])
+            if padding_mask is not None:
+                padding_mask = jnp.concatenate([jnp.ones(1, bool), padding_mask])
+        return h + self.positions[: h.shape[0]], padding_mask
 
 
-def read_out(model, z, padding_mask):
-    """Final norm, pooling and head."""
-    z = jax.vmap(model.final_norm)(z)
-    if model.pooling == "cls":
-        z = z[0]
-    elif model.pooling == "mean":
-        w = jnp.ones(z.shape[0]) if padding_mask is None else padding_mask.astype(z.dtype)
-        z = (w @ z) / jnp.maximum(jnp.sum(w), 1)
-    else:
-        return jax.vmap(model.head)(z)
-    return model.head(z)
+class ReadOut(eqx.Module):
+    """Final layer norm, pooling (`"mean"`: masked mean over tokens; `"cls"`: the summary token;
+    `"none"`: every token) and a linear head. `readout(z, padding_mask)` returns
+    `[num_outputs]` (or `[tokens, num_outputs]` with `"none"`)."""
+
+    final_norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+    pooling: str = eqx.field(static=True)
+
+    def __init__(
+        self, dim: int, num_outputs: int, *, key: PRNGKeyArray, pooling="mean", dtype=None
+    ):
+        if pooling not in ("mean", "cls", "none"):
+            raise ValueError(f"`pooling` must be 'mean', 'cls' or 'none'; got {pooling!r}.")
+        self.final_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
+        self.head = eqx.nn.Linear(dim, num_outputs, key=key, dtype=dtype)
+        self.pooling = pooling
+
+    def __call__(
+        self, z: Float[Array, "tokens dim"], padding_mask: Bool[Array, " tokens"] | None = None
+    ) -> Array:
+        z = jax.vmap(self.final_norm)(z)
+        if self.pooling == "cls":
+            z = z[0]
+        elif self.pooling == "mean":
+            w = jnp.ones(z.shape[0]) if padding_mask is None else padding_mask.astype(z.dtype)
+            z = (w @ z) / jnp.maximum(jnp.sum(w), 1)
+        else:
+            return jax.vmap(self.head)(z)
+        return self.head(z)
+
+
+class AbstractTransformer(eqx.Module):
+    """Embedding -> blocks -> read-out. [`eqattn.nn.Transformer`][] and
+    [`eqattn.nn.DEQTransformer`][] hold the same `embedding` and `readout` modules and differ
+    only in `apply_blocks`: stacked blocks, or one block solved to equilibrium.
+
+    Subclasses declare `embedding` ([`eqattn.nn.TokenEmbedding`][]) first and `readout`
+    ([`eqattn.nn.ReadOut`][]) last, with their blocks between: the pytree's leaves (and so the
+    checkpoints) then follow the order of the computation. (A field declared here would come
+    first.)"""
+
+    embedding: eqx.AbstractVar[TokenEmbedding]
+
+    @abc.abstractmethod
+    def apply_blocks(
+        self, h: Float[Array, "tokens dim"], mask: Bool[Array, "1 tokens"] | None, **kwargs
+    ) -> tuple[Float[Array, "tokens dim"], Any]:
+        """`(state after the blocks, their statistics)` from the embedded tokens `h`; `mask`
+        is the key padding mask of the attention."""
+
+    def _run(self, x, padding_mask, **kwargs) -> tuple[Array, Any]:
+        """The logits and `apply_blocks`' statistics."""
+        h, padding_mask = self.embedding(x, padding_mask)
+        mask = None if padding_mask is None else padding_mask[None, :]
+        z, stats = self.apply_blocks(h, mask, **kwargs)
+        return self.readout(z, padding_mask), stats

@@ -35,6 +35,10 @@ class AbstractEquilibriumLayer(eqx.Module):
     def forward(self, *args, **kwargs) -> tuple[Any, Equilibrium]:
         """The output and the solve's `Equilibrium`."""
 
+    def __call__(self, *args, **kwargs):
+        """The output alone: `forward(...)[0]`."""
+        return self.forward(*args, **kwargs)[0]
+
     def solve(self, update: Callable, z0, *args, max_steps=None) -> Equilibrium:
         """Solve $z = \\mathrm{update}(\\mathrm{self}, z, *\\mathrm{args})$ from `z0` with this layer's
         solver, adjoint and `throw`. The layer and `args` are passed explicitly, so gradients

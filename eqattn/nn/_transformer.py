@@ -12,13 +12,13 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from ._deq import block_map, check_dropout, draw_dropout
+from ._block import AbstractBlock, check_dropout
 from ._implicit import Norm, check_norm
-from ._io import Pooling, embed_tokens, init_io, read_out
+from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding
 from ._multihead import MultiHeadAttention, check_dims
 
 
-class TransformerBlock(eqx.Module):
+class TransformerBlock(AbstractBlock):
     """One explicit block: attention and MLP sublayers with residuals and RN; `dropout` and
     `inference` as in [`eqattn.nn.DEQBlock`][]."""
 
@@ -64,11 +64,11 @@ class TransformerBlock(eqx.Module):
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
     ) -> Float[Array, "n dim"]:
-        drop = draw_dropout(self, key, inference, z.shape[0], z.dtype)
-        return block_map(self, z, mask=mask, drop=drop)
+        drop = self.dropout_masks(key, inference, z.shape[0], z.dtype)
+        return self.sublayers(z, mask=mask, drop=drop)
 
 
-class Transformer(eqx.Module):
+class Transformer(AbstractTransformer):
     """Embedding -> position embedding -> `depth` explicit blocks -> pooling -> head.
 
     Arguments as [`eqattn.nn.DEQTransformer`][], plus `depth`; `mlp_ratio`, `norm_first`, `norm`
@@ -77,14 +77,9 @@ class Transformer(eqx.Module):
     `eqx.nn.inference_mode(model)` turns dropout off).
     """
 
-    embed: eqx.nn.Embedding | eqx.nn.Linear
-    positions: Float[Array, "max_len dim"]
-    cls_token: Float[Array, " dim"] | None
+    embedding: TokenEmbedding
     blocks: tuple[TransformerBlock, ...]
-    final_norm: eqx.nn.LayerNorm
-    head: eqx.nn.Linear
-    pooling: str = eqx.field(static=True)
-    max_len: int = eqx.field(static=True)
+    readout: ReadOut
 
     def __init__(
         self,
@@ -107,9 +102,16 @@ class Transformer(eqx.Module):
     ):
         if depth < 1:
             raise ValueError(f"`depth` must be >= 1; got {depth}.")
-        keys = jax.random.split(key, depth + 4)
-        self.embed, self.positions, self.cls_token, self.final_norm, self.head = init_io(
-            keys[:4], num_outputs, dim, vocab_size, in_features, max_len, pooling, dtype
+        ke, kh, *kb = jax.random.split(key, depth + 2)
+        self.readout = ReadOut(dim, num_outputs, key=kh, pooling=pooling, dtype=dtype)
+        self.embedding = TokenEmbedding(
+            dim,
+            key=ke,
+            vocab_size=vocab_size,
+            in_features=in_features,
+            max_len=max_len,
+            cls_token=pooling == "cls",
+            dtype=dtype,
         )
         self.blocks = tuple(
             TransformerBlock(
@@ -123,10 +125,15 @@ class Transformer(eqx.Module):
                 inference=inference,
                 dtype=dtype,
             )
-            for k in keys[4:]
+            for k in kb
         )
-        self.pooling = pooling
-        self.max_len = max_len
+
+    def apply_blocks(self, h, mask, *, key=None, inference=None):
+        """The blocks one after the other (no statistics)."""
+        keys = [None] * len(self.blocks) if key is None else jax.random.split(key, len(self.blocks))
+        for block, k in zip(self.blocks, keys):
+            h = block(h, mask=mask, key=k, inference=inference)
+        return h, None
 
     def __call__(
         self,
@@ -136,9 +143,4 @@ class Transformer(eqx.Module):
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
     ) -> Array:
-        h, padding_mask = embed_tokens(self, x, padding_mask)
-        attn_mask = None if padding_mask is None else padding_mask[None, :]
-        keys = [None] * len(self.blocks) if key is None else jax.random.split(key, len(self.blocks))
-        for block, k in zip(self.blocks, keys):
-            h = block(h, mask=attn_mask, key=k, inference=inference)
-        return read_out(self, h, padding_mask)
+        return self._run(x, padding_mask, key=key, inference=inference)[0]

@@ -1,0 +1,81 @@
+"""What the explicit and the implicit transformer blocks share: attention and MLP sublayers
+with residuals and renormalization, and their dropout."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from ._implicit import apply_norm
+from ._multihead import MultiHeadAttention
+
+
+def check_dropout(rate: float) -> None:
+    if not 0 <= rate < 1:
+        raise ValueError(f"`dropout` must be in [0, 1); got {rate}.")
+
+
+def _dropout_mask(key, rate, shape, dtype):
+    keep = jax.random.bernoulli(key, 1 - rate, shape)
+    return keep.astype(dtype) / (1 - rate)
+
+
+DropoutMasks = tuple[Float[Array, "n dim"], Float[Array, "n hidden"]]
+
+
+class AbstractBlock(eqx.Module):
+    r"""Attention and MLP sublayers with residuals and RN. Post-norm (default):
+    $u = \mathrm{RN}(z + \mathrm{MHA}(z) + c)$, $z' = \mathrm{RN}(u + \mathrm{MLP}(u))$;
+    pre-norm (`norm_first`): $u = z + \mathrm{MHA}(\mathrm{RN}(z)) + c$,
+    $z' = \mathrm{RN}(u + \mathrm{MLP}(\mathrm{RN}(u)))$, with $c$ an input injection (the
+    implicit block's) or none (the explicit block's). Dropout (inverted) on the attention output
+    and the MLP's hidden layer.
+
+    Subclasses also have `mlp_in`, `mlp_out` (`eqx.nn.Linear`) and `inference` (bool) fields.
+    They are not declared here: a field declared by a base class comes first in the pytree's
+    leaves, and the blocks keep the leaf order their checkpoints were written in."""
+
+    attention: eqx.AbstractVar[MultiHeadAttention]
+    norm: eqx.AbstractVar[str]
+    norm_first: eqx.AbstractVar[bool]
+    dropout: eqx.AbstractVar[float]
+
+    def sublayers(
+        self,
+        z: Float[Array, "n dim"],
+        injection: Float[Array, "n dim"] | None = None,
+        mask: Bool[Array, "n n"] | None = None,
+        drop: DropoutMasks | None = None,
+    ) -> Float[Array, "n dim"]:
+        """One application of the block's map (see the class docstring)."""
+        rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
+        drop_attn, drop_mlp = (None, None) if drop is None else drop
+        a_in = rn(z) if self.norm_first else z
+        a = self.attention(a_in, a_in, mask=mask)
+        a = a if drop_attn is None else a * drop_attn
+        u = z + a if injection is None else z + a + injection
+        u = u if self.norm_first else rn(u)
+        h = jax.nn.gelu(jax.vmap(self.mlp_in)(rn(u) if self.norm_first else u))
+        h = h if drop_mlp is None else h * drop_mlp
+        return rn(u + jax.vmap(self.mlp_out)(h))
+
+    def dropout_masks(
+        self, key: PRNGKeyArray | None, inference: bool | None, n: int, dtype
+    ) -> DropoutMasks | None:
+        """The dropout masks for `sublayers` on `n` tokens, or None: none when the rate is 0 or
+        in inference mode (`inference`, or the `inference` field when that is None, as for
+        `eqx.nn.Dropout`)."""
+        inference = self.inference if inference is None else inference
+        if self.dropout == 0 or inference:
+            return None
+        if key is None:
+            raise ValueError(
+                f"{type(self).__name__} with dropout > 0 needs `key` (or inference=True, or "
+                "eqx.nn.inference_mode(model))."
+            )
+        k1, k2 = jax.random.split(key)
+        return (
+            _dropout_mask(k1, self.dropout, (n, self.mlp_in.in_features), dtype),
+            _dropout_mask(k2, self.dropout, (n, self.mlp_in.out_features), dtype),
+        )
