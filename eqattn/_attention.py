@@ -159,6 +159,7 @@ def attention_weights(
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     implementation: Implementation = "auto",
+    tiling: Tiling | None = None,
 ) -> Float[Array, "*batch n m"]:
     r"""The attention (association) weights $p_{ij} = \exp(\beta\, q_i\cdot k_j - A(q_i))$, with
     the log-normalizer $A$ from [`eqattn.log_normalizer`][]: one $n \times m$ pass, for
@@ -168,7 +169,9 @@ def attention_weights(
     **Returns:** `[..., n, m]`.
     """
     queries, keys = jnp.asarray(queries), jnp.asarray(keys)
-    lse = log_normalizer(queries, keys, beta=beta, mask=mask, implementation=implementation)
+    lse = log_normalizer(
+        queries, keys, beta=beta, mask=mask, implementation=implementation, tiling=tiling
+    )
     b = jnp.asarray(beta, jnp.promote_types(lse.dtype, jnp.float32))[..., None, None]
     logits = b * jnp.einsum("...nd,...md->...nm", queries, keys, preferred_element_type=b.dtype)
     keep = jnp.isfinite(lse)[..., None]  # fully masked rows are 0

@@ -40,6 +40,12 @@ class Equilibrium(eqx.Module):
       solver's own test for Optimistix solvers.
     - `result`: an [`eqattn.RESULTS`][] item: `successful` exactly when `converged`, otherwise
       `max_steps_reached`, `nonfinite` or `failed`.
+    - `energy_rose`: for a solve that has an energy to descend (the Hopfield layers), whether
+      the energy at $z^*$ is above, by more than round-off, the energy at the first plain
+      update of the start (every solver's first evaluation of $f$). Plain (concave-convex)
+      updates only descend from there, so `True` means $z^*$ is not where repeated updates
+      go (an extrapolating solver, or a solve stopped at its start). `False` does not prove
+      the converse. `None` where no energy is defined.
     """
 
     value: PyTree[Array]
@@ -48,3 +54,4 @@ class Equilibrium(eqx.Module):
     relative_residual: Float[Array, ""]
     converged: Bool[Array, ""]
     result: RESULTS
+    energy_rose: Bool[Array, ""] | None = None

@@ -16,6 +16,7 @@ $W_o\,[V^\top\mathrm{softmax}(\beta K\xi^*)]_h$ with $V = W_v y$.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -296,7 +297,19 @@ class Hopfield(AbstractEquilibriumLayer):
     def _solve(self, q0, k, mask, max_steps):
         if self.update_steps is not None:
             return self._update_steps(q0, k, mask)
-        return self.solve(Hopfield.update, q0, q0, k, mask, max_steps=max_steps)
+        eq = self.solve(Hopfield.update, q0, q0, k, mask, max_steps=max_steps)
+        # Every solver's first evaluation is the plain update of the start, and plain updates
+        # only descend the energy from there: a returned point above that energy is not where
+        # repeated updates go (a diagnostic, no gradient; one more update's cost).
+        first = self.update(q0, q0, k, mask)
+        start, end = (lax.stop_gradient(self._energy(xi, q0, k, mask)) for xi in (first, eq.value))
+        eps = jnp.finfo(start.dtype).eps
+        rose = end > start + 64 * eps * (jnp.abs(start) + jnp.abs(end) + 1)
+        return dataclasses.replace(eq, energy_rose=rose)
+
+    def _energy(self, xi, q0, k, mask):
+        e = hopfield_energy(xi, k[:, None], beta=self.attention.beta[:, None], mask=mask)
+        return jnp.sum(e) + 0.5 * self.injection * jnp.sum((xi - q0) ** 2)
 
     def _update_steps(self, xi, k, mask) -> Equilibrium:
         """`update_steps` plain updates per head, each head stopping once its association moves
@@ -410,8 +423,7 @@ class Hopfield(AbstractEquilibriumLayer):
         `association_mask` and `padding_mask` keep (as the solve does)."""
         q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
         xi = self._solve(q0, k, mask, None).value if xi is None else xi
-        e = hopfield_energy(xi, k[:, None], beta=self.attention.beta[:, None], mask=mask)
-        return jnp.sum(e) + 0.5 * self.injection * jnp.sum((xi - q0) ** 2)
+        return self._energy(xi, q0, k, mask)
 
     def association(
         self, state, stored, *, association_mask=None, padding_mask=None
