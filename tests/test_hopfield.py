@@ -233,11 +233,11 @@ def _hopfield_update_steps_reference(
     return out @ wo.T
 
 
-def _update_steps_layer(steps, eps, key=jax.random.key(0), value_dim=8, **kw):
+def _update_steps_layer(steps, eps, key=jax.random.key(0), value_dim=8, dtype=jnp.float64, **kw):
     return eqattn.nn.Hopfield(
         6, 5, 2, key=key, hidden_dim=6, value_dim=value_dim, out_dim=7, beta=1.5,
         normalize_state=False, normalize_stored=False, normalize_projected=False,
-        update_steps=steps, update_steps_eps=eps, dtype=jnp.float64, **kw,
+        update_steps=steps, update_steps_eps=eps, dtype=dtype, **kw,
     )  # fmt: skip
 
 
@@ -279,18 +279,25 @@ def test_update_steps_mode_against_a_dense_formula_and_its_gradients(rng):
             _update_steps_layer(bad, 0.0)
 
 
-def test_update_steps_mode_matches_hopfield_layers():
+@pytest.mark.parametrize(
+    "dtype", [jnp.float64, pytest.param(jnp.float32, marks=pytest.mark.float32)], ids=str
+)
+def test_update_steps_mode_matches_hopfield_layers(dtype):
     # Outputs of hopfield-layers' PyTorch `Hopfield` for update_steps_max = 0..4, computed once
-    # with copied weights (tests/fixtures/make_hflayers_update_steps.py), float64.
+    # with copied weights (tests/fixtures/make_hflayers_update_steps.py), float64; the layer in
+    # float64 and, as users run it, float32.
     fixture = json.loads(
         (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
     )
-    w = {name: jnp.asarray(v) for name, v in fixture["weights"].items()}
-    state, stored = np.asarray(fixture["state"]), np.asarray(fixture["stored"])
+    w = {name: jnp.asarray(v, dtype) for name, v in fixture["weights"].items()}
+    state, stored = (np.asarray(fixture[k], dtype) for k in ("state", "stored"))
+    tol = dict(rtol=1e-11, atol=1e-14) if dtype == jnp.float64 else dict(rtol=2e-5, atol=2e-6)
     for steps, expected in fixture["outputs"].items():
-        layer = _update_steps_layer(int(steps), fixture["update_steps_eps"])
+        layer = _update_steps_layer(int(steps), fixture["update_steps_eps"], dtype=dtype)
         layer = eqx.tree_at(_projections, layer, (w["query"], w["key"], w["value"], w["output"]))
-        np.testing.assert_allclose(layer(state, stored), expected, rtol=1e-11, atol=1e-14)
+        out = layer(state, stored)
+        assert out.dtype == dtype
+        np.testing.assert_allclose(out, expected, **tol)
 
 
 def test_association_dropout(rng):
