@@ -269,18 +269,18 @@ class DEQTransformer(AbstractTransformer):
         dtype=None,
         **block_kwargs,
     ):
-        ke, kb, kh = jax.random.split(key, 3)
-        self.readout = ReadOut(dim, num_outputs, key=kh, pooling=pooling, dtype=dtype)
+        keys = jax.random.split(key, 5)  # the embedding's three, the block's, the head's
+        self.readout = ReadOut(dim, num_outputs, key=keys[4], pooling=pooling, dtype=dtype)
         self.embedding = TokenEmbedding(
             dim,
-            key=ke,
+            key=keys[:3],
             vocab_size=vocab_size,
             in_features=in_features,
             max_len=max_len,
             cls_token=pooling == "cls",
             dtype=dtype,
         )
-        self.block = DEQBlock(dim, num_heads, key=kb, dtype=dtype, **block_kwargs)
+        self.block = DEQBlock(dim, num_heads, key=keys[3], dtype=dtype, **block_kwargs)
 
     def apply_blocks(self, h, mask, *, key=None, inference=None, max_steps=None, z0=None):
         """The block solved to equilibrium: `(z*, its Equilibrium)`."""

@@ -19,7 +19,8 @@ class TokenEmbedding(eqx.Module):
     """Tokens to vectors: an embedding table (integer tokens `[n]`) or a linear map (real-valued
     tokens `[n, in_features]`), a learned summary token in front when `pooling="cls"`, and
     learned position embeddings. `embedding(x, padding_mask)` returns `(h [tokens, dim],
-    padding_mask)`, the mask extended over the summary token."""
+    padding_mask)`, the mask extended over the summary token. `key` is one PRNG key, or three
+    (an array of shape `[3]`: for the table, the positions and the summary token)."""
 
     embed: eqx.nn.Embedding | eqx.nn.Linear
     positions: Float[Array, "max_len dim"]
@@ -39,7 +40,9 @@ class TokenEmbedding(eqx.Module):
     ):
         if (vocab_size is None) == (in_features is None):
             raise ValueError("give exactly one of `vocab_size` (integer tokens) and `in_features`.")
-        ke, kp, kc = jax.random.split(key, 3)
+        typed = jax.dtypes.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key)
+        keys = jnp.shape(key) if typed else jnp.shape(key)[:-1]  # raw keys end in 2 words
+        ke, kp, kc = key if keys == (3,) else jax.random.split(key, 3)
         if vocab_size is not None:
             self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke, dtype=dtype)
         else:

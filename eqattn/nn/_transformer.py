@@ -102,11 +102,11 @@ class Transformer(AbstractTransformer):
     ):
         if depth < 1:
             raise ValueError(f"`depth` must be >= 1; got {depth}.")
-        ke, kh, *kb = jax.random.split(key, depth + 2)
-        self.readout = ReadOut(dim, num_outputs, key=kh, pooling=pooling, dtype=dtype)
+        keys = jax.random.split(key, depth + 4)  # the embedding's three, the head's, the blocks'
+        self.readout = ReadOut(dim, num_outputs, key=keys[3], pooling=pooling, dtype=dtype)
         self.embedding = TokenEmbedding(
             dim,
-            key=ke,
+            key=keys[:3],
             vocab_size=vocab_size,
             in_features=in_features,
             max_len=max_len,
@@ -125,7 +125,7 @@ class Transformer(AbstractTransformer):
                 inference=inference,
                 dtype=dtype,
             )
-            for k in kb
+            for k in keys[4:]
         )
 
     def apply_blocks(self, h, mask, *, key=None, inference=None):
