@@ -17,8 +17,8 @@ Pooling = Literal["mean", "cls", "none"]
 
 class TokenEmbedding(eqx.Module):
     """Tokens to vectors: an embedding table (integer tokens `[n]`) or a linear map (real-valued
-    tokens `[n, in_features]`), a learned summary token in front when `pooling="cls"`, and
-    learned position embeddings. `embedding(x, padding_mask)` returns `(h [tokens, dim],
+    tokens `[n, in_features]`), a learned summary token in front when `cls_token=True` (the
+    models set it for `pooling="cls"`), and learned position embeddings. `embedding(x, padding_mask)` returns `(h [tokens, dim],
     padding_mask)`, the mask extended over the summary token. `key` is one PRNG key, or three
     (an array of shape `[3]`: for the table, the positions and the summary token)."""
 
