@@ -47,8 +47,13 @@ def attention_with_lse(
     - `keys`: `[..., m, d]`.
     - `values`: `[..., m, dv]`; defaults to `keys`.
     - `beta`: inverse temperature $\beta > 0$: a number or an array that broadcasts to the batch
-      axes `[...]` (e.g. shape `[heads]` for inputs `[..., heads, n, d]`). Differentiable.
+      axes `[...]` (e.g. shape `[heads]` for inputs `[..., heads, n, d]`). Differentiable. A
+      value that is not finite and > 0 raises a `ValueError`; a traced one (under `jit`) makes
+      the outputs NaN (why not a runtime error: see the README's Reliability section).
     - `mask`: boolean, `True` where query $i$ may attend to key $j$; broadcasts to `[..., n, m]`.
+      What it hides is inert: NaN or inf there reaches neither the outputs nor the gradients. A
+      query that sees a non-finite key, or is non-finite itself, gets NaN `lse` and `out`; one
+      that sees a non-finite value gets a NaN `out` row.
     - `chunk_size`: process the keys in blocks of this many with a running (max, sum-exp, weighted
       sum) (online softmax), forward and backward, so memory is $O(n \cdot \mathrm{chunk})$ rather
       than $O(nm)$. `None` picks automatically: on CPU, tiles of queries (memory

@@ -139,20 +139,59 @@ def as_arrays(queries, keys, values, beta, mask):
 
 
 def make_inert(queries, keys, values, mask, rank):
-    """Zero the keys and values that no query may attend to, and the queries that may attend to
-    no key: whatever they hold (NaN, inf) then reaches neither the output nor the gradients,
-    which equal those of the problem without them (a masked logit is dropped, but 0 * NaN in a
-    matmul is NaN). A key masked for some queries only is used by the others and is kept."""
+    """Masked entries made inert: whatever they hold (NaN, inf), the output and the gradients
+    equal those of the problem without them (a masked logit is dropped, but 0 * NaN in a matmul
+    is NaN).
+
+    A mask without a query axis (key padding) is the same for every query: the keys and values
+    no query may see, and the queries that may see no key, are zeroed. A per-query mask can hide
+    a key from some queries only: then every non-finite query, key and value is zeroed, and
+    `poison` (`[..., n]` integers, else `None`) marks the queries it would have reached: 2 where
+    the query itself (seeing some key) or a key it sees is not finite, so `lse` and `out` are
+    NaN; 1 where only a value it sees is, so `out` is NaN (the whole row: which of its entries
+    the value reaches would cost one more `n x m x dv` product). [`poisoned`][] applies it.
+
+    Returns `(queries, keys, values, poison)`."""
     rows = mask if mask.ndim >= 2 else mask[None, :]
-    key_used = jnp.any(rows, axis=-2)[..., None]  # [..., m, 1]
-    query_used = jnp.any(rows, axis=-1)[..., None]  # [..., n or 1, 1]
 
-    def zero(x, used):
-        x = jnp.where(used, x, jnp.zeros((), x.dtype))
-        # the mask may carry more leading size-1 axes than the batch has
-        return x.reshape(x.shape[max(0, x.ndim - (rank + 2)) :])
+    def trim(x, tail):  # the mask may carry more leading size-1 axes than the batch has
+        return x.reshape(x.shape[max(0, x.ndim - (rank + tail)) :])
 
-    return zero(queries, query_used), zero(keys, key_used), zero(values, key_used)
+    def zero(x, bad):
+        return trim(jnp.where(bad[..., None], jnp.zeros((), x.dtype), x), 2)
+
+    if rows.shape[-2] == 1:
+        key_unused = ~jnp.any(rows, axis=-2)  # [..., m]
+        query_unused = ~jnp.any(rows, axis=-1)  # [..., 1]
+        return (
+            zero(queries, query_unused),
+            zero(keys, key_unused),
+            zero(values, key_unused),
+            None,
+        )
+    bad_q, bad_k, bad_v = (~jnp.all(jnp.isfinite(x), axis=-1) for x in (queries, keys, values))
+    return (
+        zero(queries, bad_q),
+        zero(keys, bad_k),
+        zero(values, bad_v),
+        trim(poison_codes(rows, bad_q, bad_k, bad_v), 1),
+    )
+
+
+def poison_codes(rows, bad_q, bad_k, bad_v):
+    """[`make_inert`][]'s `poison` from the mask's rows `[..., n, m]` and the non-finite
+    queries `[..., n]`, keys and values `[..., m]`: one reduction over the rows."""
+    code = (2 * bad_k.astype(jnp.int8)) | bad_v.astype(jnp.int8)  # [..., m]
+    reached = jnp.max(jnp.where(rows, code[..., None, :], jnp.int8(0)), axis=-1)
+    return jnp.maximum(reached, 2 * (bad_q & jnp.any(rows, axis=-1)).astype(jnp.int8))
+
+
+def poisoned(out, lse, poison):
+    """`out` and `lse` (or `None`) with NaN where `poison` says (see [`make_inert`][])."""
+    if poison is None:
+        return out, lse
+    out = jnp.where(poison[..., None] > 0, jnp.array(jnp.nan, out.dtype), out)
+    return out, None if lse is None else jnp.where(poison > 1, jnp.array(jnp.nan, lse.dtype), lse)
 
 
 def dispatch(
@@ -172,16 +211,18 @@ def dispatch(
         need_lse=need_lse,
         tiling=tiling,
     )
-    queries, keys, values, beta = sanitize(queries, keys, values, beta, mask, batch)
+    queries, keys, values, beta, poison = sanitize(queries, keys, values, beta, mask, batch)
     if choice == "cudnn":
-        return _cudnn_attention(queries, keys, values, beta, mask, batch), None
+        out = _cudnn_attention(queries, keys, values, beta, mask, batch)
+        return poisoned(out, None, poison)
     q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
     if choice == "pallas":
         out, lse = pallas_attention_core(q, k, v, b, mask)
     else:
         plan = _core.plan(q.shape[-2], k.shape[-2], chunk_size, implementation, tiling)
         out, lse = _core.attention_core(q, k, v, b, mask, plan)
-    return out.reshape(batch + out.shape[-2:]), lse.reshape(batch + lse.shape[-1:])
+    out, lse = out.reshape(batch + out.shape[-2:]), lse.reshape(batch + lse.shape[-1:])
+    return poisoned(out, lse, poison)
 
 
 def validate(queries, keys, values, beta, mask):
@@ -190,12 +231,14 @@ def validate(queries, keys, values, beta, mask):
     return queries, keys, values, beta, mask, _core.check_inputs(queries, keys, values, beta, mask)
 
 
-def sanitize(queries, keys, values, beta, mask, batch):
-    """Checked inputs made safe to compute on: a bad traced `beta` as NaN (`guard_beta`), and
-    what the mask excludes zeroed (`make_inert`)."""
-    if mask is not None:
-        queries, keys, values = make_inert(queries, keys, values, mask, len(batch))
-    return queries, keys, values, guard_beta(beta)
+def sanitize(queries, keys, values, beta, mask, batch, *, inert: bool = True):
+    """Checked inputs made safe to compute on: `beta` guarded ([`guard_beta`][]) and what the mask
+    excludes made inert ([`make_inert`][]; skipped with `inert=False`, for callers that do it
+    themselves). Returns `(queries, keys, values, beta, poison)`."""
+    poison = None
+    if mask is not None and inert:
+        queries, keys, values, poison = make_inert(queries, keys, values, mask, len(batch))
+    return queries, keys, values, guard_beta(beta), poison
 
 
 def check_chunk_size(chunk_size) -> None:
@@ -204,13 +247,18 @@ def check_chunk_size(chunk_size) -> None:
 
 
 def guard_beta(beta):
-    """`beta`, or NaN where a traced `beta` is not finite and > 0 (checked eagerly when concrete,
-    by `check_inputs`): the output is then NaN, loudly wrong rather than plausibly. A runtime
-    error would cost a device-to-host sync per call (XLA conditionals on GPUs), inside solver
-    loops too."""
+    """`beta`, or NaN where a traced `beta` is not finite and > 0 (a concrete one is checked
+    eagerly, by `check_inputs`): the output is then NaN, loudly wrong rather than plausibly.
+
+    Not a runtime error (`eqx.error_if`): its host callback cannot be exported (`jax.export` of
+    attention with a traced `beta` failed for CPU and for CUDA); in a program over several
+    devices, an error raised on one leaves the others waiting at their next collective until
+    XLA aborts the process (seen on CPU devices, after 40 s); and on GPUs XLA reads a
+    conditional's predicate on the host, a sync per call, inside solver loops too. A caller who
+    wants the error wraps its own `beta` in `eqx.error_if`."""
     if _core.is_concrete(beta):
         return beta
-    return jnp.where(jnp.isfinite(beta) & (beta > 0), beta, jnp.nan)
+    return jnp.where(jnp.isfinite(beta) & (beta > 0), beta, jnp.array(jnp.nan, beta.dtype))
 
 
 def flatten(queries, keys, values, beta, mask, batch):

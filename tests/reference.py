@@ -38,3 +38,33 @@ def dense_attention_with_lse(q, k, v, beta, mask=None):
         some, jnp.where(jnp.isfinite(smax[..., 0]), smax[..., 0], 0) + jnp.log(safe), -jnp.inf
     )
     return jnp.einsum("...nm,...md->...nd", e, v) / safe[..., None], lse
+
+
+def removed_attention_with_lse(q, k, v, beta, mask):
+    """float64 numpy: each query's output from the keys it may attend to only (masked products
+    are dropped, not multiplied by 0, so NaN stored there cannot reach the answer)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # as the problem has them
+        q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+        s = np.where(mask, np.einsum("...nd,...md->...nm", q, k) * beta, -np.inf)
+        smax = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+        smax = np.where(np.isfinite(smax), smax, 0.0)
+        p = np.where(mask, np.exp(s - smax), 0.0)
+        total = p.sum(-1)
+        lse = smax[..., 0] + np.log(total)
+        terms = np.where(mask[..., None], p[..., None] * v[..., None, :, :], 0.0)
+        out = terms.sum(-2) / np.where(total > 0, total, 1.0)[..., None]
+    return out, lse
+
+
+def assert_matches_removed(out, lse, ref_out, ref_lse, atol):
+    """Equal to the reference where it is finite; not finite wherever it is not (a row that a
+    non-finite value reaches may be NaN as a whole: see eqattn's `make_inert`)."""
+    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
+    clean = np.isfinite(ref_out).all(-1)
+    np.testing.assert_allclose(out[clean], ref_out[clean], atol=atol * 3)
+    assert np.all(~np.isfinite(out) | np.isfinite(ref_out))
+    assert np.array_equal(np.isnan(lse), np.isnan(ref_lse))
+    assert np.array_equal(np.isfinite(lse), np.isfinite(ref_lse))
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[finite], ref_lse[finite], rtol=atol, atol=atol)
+    assert np.array_equal(lse[~finite & ~np.isnan(lse)], ref_lse[~finite & ~np.isnan(ref_lse)])

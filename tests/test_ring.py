@@ -183,6 +183,51 @@ def test_ring_attention_masked_keys_are_inert(rng):
     assert np.all(grads[1][:, ~keep] == 0) and np.all(grads[2][:, ~keep] == 0)
 
 
+@pytest.mark.parametrize(
+    "kind", ["causal", "causal+padding", "per-query", "causal+per-query", "keys-split per-query"]
+)
+def test_ring_attention_nan_reaches_only_the_queries_that_see_it(rng, kind):
+    """NaN in a key, inf in a value and NaN in a query, hidden from some queries only (by
+    causality or a per-query mask): the queries that see them are NaN, the others equal the
+    float64 reference without them, and so do the gradients of a loss over the others."""
+    mesh = _mesh((4,), ("seq",))
+    n = 16
+    q, k, v = (rng.normal(size=(2, n, 4)) for _ in range(3))
+    causal = kind.startswith("causal")
+    mask = None
+    if kind.endswith("padding"):
+        mask = np.ones((2, 1, n), bool)
+        mask[0, 0, :3] = False  # query 0..2 of example 0 see nothing
+    elif kind.endswith("per-query"):
+        mask = (rng.random((2, n, n)) > 0.8) | np.eye(n, dtype=bool)
+    full = np.ones((2, n, n), bool) if mask is None else np.broadcast_to(mask, (2, n, n))
+    full = full & _causal(n) if causal else full
+    dq, dk, dv = q.copy(), k.copy(), v.copy()
+    dk[:, 9, 0], dv[:, 12, 1], dq[:, 2, 3] = np.nan, np.inf, np.nan
+    ref_out, ref_lse = reference.removed_attention_with_lse(dq, dk, dv, 1.0, full)
+    hit = ~np.isfinite(ref_out).all(-1)
+    assert hit.any() and (~hit).sum() > 8
+
+    if kind.startswith("keys-split"):  # the keys-only split: one-device core on each device
+        ring = partial(par.sharded_attention_with_lse, mesh=mesh, axis="seq", mask=mask)
+    else:
+        ring = partial(par.ring_attention_with_lse, mesh=mesh, axis="seq", mask=mask, causal=causal)
+    out, lse = jax.jit(ring)(dq, dk, dv)
+    reference.assert_matches_removed(out, lse, ref_out, ref_lse, 1e-12)
+    assert np.all(np.isnan(np.asarray(out)[hit]))
+    g_out = rng.normal(size=out.shape) * ~hit[..., None]
+    g_lse = rng.normal(size=lse.shape) * (~hit & full.any(-1))
+
+    def loss(fn, q, k, v):
+        out, lse = fn(q, k, v)
+        return jnp.sum(out * g_out) + jnp.sum(jnp.where(g_lse != 0, lse, 0.0) * g_lse)
+
+    ours = jax.jit(jax.grad(partial(loss, ring), (0, 1, 2)))(dq, dk, dv)
+    dense = partial(reference.dense_attention_with_lse, beta=1.0, mask=full)
+    for got, want in zip(ours, jax.grad(partial(loss, dense), (0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(got, want, atol=1e-11)
+
+
 @pytest.mark.parametrize("n", [32, 24])
 def test_ring_attention_causal_diagonal_halving(rng, n):
     """Diagonal chunk pairs halved down to `chunk_size` = 2 queries (32: 8 -> 4 -> 2; 24: 6 -> 3,

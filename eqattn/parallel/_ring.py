@@ -40,7 +40,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .. import _core
-from .._implementation import check_chunk_size, flatten, sanitize, validate
+from .._implementation import (
+    check_chunk_size,
+    flatten,
+    poison_codes,
+    poisoned,
+    sanitize,
+    validate,
+)
 from ._sequence import check_axis, varying
 
 
@@ -295,6 +302,38 @@ def _ring_backward(ring: _Ring, residuals, cotangents):
     )
 
 
+def _make_inert(ring: _Ring, q, k, v, msk, m: int):
+    """[`make_inert`][eqattn._implementation.make_inert] per device, in the contiguous layout,
+    where a query may see a key only some others see (a per-query `msk` `[1 or B, n/P, m]`, or
+    causality): the non-finite queries, keys and values are zeroed, and `poison` `[B, n/P]`
+    marks the queries one of them reaches. Every device learns which keys and values are
+    non-finite by one all-reduce of `m` integers per batch element; with causality alone, by
+    prefix maxima over them, so no `n/P x m` array is formed."""
+    me = lax.axis_index(ring.axis)
+    nl, ml = q.shape[1], k.shape[1]
+    rows = me * nl + jnp.arange(nl)  # the sequence positions of this device's queries
+    bad_q, bad_k, bad_v = (~jnp.all(jnp.isfinite(x), axis=-1) for x in (q, k, v))
+    flags = jnp.zeros((bad_k.shape[0], m), jnp.int32)
+    flags = flags.at[:, me * ml + jnp.arange(ml)].set(2 * bad_k + bad_v)
+    flags = lax.psum(flags, ring.axis)  # [B, m], in sequence order: 2 key, 1 value, 3 both
+    bad_keys, bad_values = flags >= 2, flags % 2 == 1
+    if msk is not None and msk.shape[1] == nl:  # per-query rows
+        seen = msk
+        if ring.causal:
+            seen = seen & (jnp.arange(m)[None, :] <= rows[:, None])
+        poison = poison_codes(seen, bad_q, bad_keys, bad_values)
+    else:  # causality with key padding (its unseen keys are zero already) or no mask
+        codes = (2 * bad_keys + bad_values).astype(jnp.int8)
+        reached = lax.cummax(codes, axis=1)[:, rows]
+        sees = True if msk is None else (jnp.cumsum(msk[:, 0], axis=-1) > 0)[:, rows]
+        poison = jnp.maximum(reached, 2 * (bad_q & sees).astype(jnp.int8))
+
+    def zero(x, bad):
+        return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x)
+
+    return zero(q, bad_q), zero(k, bad_k), zero(v, bad_v), poison
+
+
 @ft.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _ring_core(ring: _Ring, q, k, v, b, msk):
     """Per device: `(out, lse)` in the compute dtype of its queries against all keys."""
@@ -332,7 +371,8 @@ def ring_attention_with_lse(
     one-device core: `beta` per batch element (differentiable), masks broadcasting to
     `[..., n, m]` (a per-query mask is split with the queries: each device keeps its rows of
     it, $n m / P$ booleans; a mask without a query axis, such as key padding, costs $m$), fully
-    masked queries with `lse = -inf` and `out = 0`, masked keys and values inert.
+    masked queries with `lse = -inf` and `out = 0`, masked keys and values inert, also where
+    the mask or causality hides them from some queries only (as in the one-device core).
 
     **Arguments:** as [`eqattn.attention_with_lse`][], and
 
@@ -372,7 +412,11 @@ def ring_attention_with_lse(
             f"{' (causal: 2 chunks per device)' if causal else ''}; got queries "
             f"{queries.shape}, keys {keys.shape}."
         )
-    queries, keys, values, beta = sanitize(queries, keys, values, beta, mask, batch)
+    # Key padding is made inert here; per-query masks and causality on each device (_make_inert).
+    per_query = mask is not None and mask.ndim >= 2 and mask.shape[-2] > 1
+    queries, keys, values, beta, _ = sanitize(
+        queries, keys, values, beta, mask, batch, inert=not per_query
+    )
     q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
@@ -384,6 +428,9 @@ def ring_attention_with_lse(
         # too (whose transpose sums their cotangents over `axis`).
         b = varying(b, axis)
         msk = msk if msk is None or split_mask else varying(msk, axis)
+        poison = None
+        if causal or split_mask:
+            q, k, v, poison = _make_inert(ring, q, k, v, msk, m)
         if causal:  # contiguous blocks -> zig-zag chunks, by two collective permutes
             q, k, v = (_to_zigzag(ring, x) for x in (q, k, v))
             if msk is not None:
@@ -391,6 +438,7 @@ def ring_attention_with_lse(
         out, lse = _ring_core(ring, q, k, v, b, msk)
         if causal:
             out, lse = _from_zigzag(ring, out), _from_zigzag(ring, lse)
+        out, lse = poisoned(out, lse, poison)
         return out.astype(v.dtype), lse.astype(v.dtype)
 
     args = (q, k, v, b, mask)

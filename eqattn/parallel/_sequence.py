@@ -20,7 +20,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._attention import attention_with_lse
 from .._core import Tiling, check_tiling, finalize
-from .._implementation import validate
+from .._implementation import poisoned, validate
 
 
 def varying(x, axis):
@@ -108,7 +108,13 @@ def sharded_attention_with_lse(
         out, lse = attention_with_lse(
             q, k, v, beta=b, mask=msk, chunk_size=chunk_size, tiling=tiling
         )
-        out, lse = _combine(out, lse, axis)
+        # A query that a non-finite input reaches on one device (NaN there: see `make_inert`)
+        # is left out of the merge and set to NaN after it: merged, its NaN would come back to
+        # every device's gradients (0 x NaN).
+        code = jnp.where(jnp.isnan(lse), 2, jnp.any(jnp.isnan(out), axis=-1)).astype(jnp.int8)
+        lse = jnp.where(code > 1, -jnp.inf, lse)
+        out = jnp.where(code[..., None] > 0, jnp.zeros((), out.dtype), out)
+        out, lse = poisoned(*_combine(out, lse, axis), lax.pmax(code, axis))
         return out.astype(values.dtype), lse.astype(values.dtype)
 
     args = (queries, keys, values, beta, mask)
