@@ -1,12 +1,15 @@
-"""The README's Python examples run as written, and its tables are the committed results."""
+"""The README's Python examples run as written, its tables are the committed results, and the
+figures of its performance summary come from them."""
 
+import json
 import re
 from pathlib import Path
 
 import jax
 import pytest
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
@@ -30,3 +33,84 @@ def test_readme_tables_are_the_committed_results(capsys):
     tables = capsys.readouterr().out.strip()
     assert tables.count("### ") >= 7
     assert tables in README.read_text()
+
+
+def _results(name):
+    return json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+
+
+def _derived_figures():
+    """The README's figures that are arithmetic on the committed results rather than printed by
+    `benchmarks.report`, computed from the files, as the README rounds them."""
+    core, gpu = _results("core-cpu-cpu"), _results("core-gpu-nvidia-h100-80gb-hbm3")
+    yield f"{core['bandwidth_gbps']:.1f}"  # GB/s of an elementwise pass
+    for r in gpu["rows"]:  # "auto" (cuDNN) share of the bf16 matmul rate
+        if r["n"] == 16384 and r["dtype"] == "bfloat16" and "auto" in r["impl"]:
+            yield f"{100 * r['frac_matmul']:.0f}"
+    ms = {
+        r["case"]: r["ms"]
+        for r in _results("memory-gpu-nvidia-h100-80gb-hbm3")["rows"]
+        if r["part"] == "core-time"
+    }
+    yield f"{ms['eqattn-chunked'] / ms['xla-dense']:.1f}"  # chunked vs dense time, H100
+    ms = {
+        r["case"]: r["ms"] for r in _results("memory-cpu-cpu")["rows"] if r["part"] == "core-time"
+    }
+    yield f"{ms['eqattn-chunked'] / ms['xla-dense']:.2f}"  # chunked vs dense time, CPU
+    for r in _results("memory-cpu-cpu")["rows"]:
+        if r["part"] == "long-sequence":
+            yield f"{r['step_s']:.0f}"  # the 16k-token step, seconds
+    for r in _results("ring-cpu-cpu")["rows"]:
+        if r.get("of_one_device") is not None:
+            yield f"{100 * r['of_one_device']:.1f}"  # % of one device's memory
+    yield f"{_results('deq-gpu-nvidia-h100-80gb-hbm3')['floor_ms']:.2f}"  # P1's floor, H100
+    rows = {r["case"]: r["accuracy_mean"] for r in _results("training-cpu-cpu")["rows"]}
+    defaults = next(v for k, v in rows.items() if k.startswith("eqattn train defaults"))
+    for v in rows.values():  # points lost against the defaults
+        yield f"{100 * (defaults - v):.1f}"
+        yield f"{100 * (defaults - v):.0f}"
+
+
+# Figures in the summary that are not measurements: targets and problem sizes.
+_NOT_MEASURED = set("0.6 0.8 1.5 5 8 60 64 128 256 512 4096 16384 65,536".split())
+# Each summary bullet (by its bold title's first word) and the suites its figures come from.
+_SOURCES = {
+    "Core": ("core",),
+    "The": (),  # the fused kernel: targets only, nothing measured yet
+    "Chunked": ("memory",),
+    "Implicit": ("memory",),
+    "16k": ("memory",),
+    "Ring": ("ring",),
+    "P1": ("deq",),
+    "DEQ": ("training",),
+}
+
+
+def _numbers(text):
+    """The figures in `text` (a number glued to a unit other than "x", as in "16k", is a name)."""
+    tokens = re.findall(r"(?<![\w.])(\d(?:[\d,.]*\d)?)([A-Za-z]*)", text)
+    return [number for number, unit in tokens if unit in ("", "x")]
+
+
+def test_readme_summary_figures_come_from_the_results(capsys):
+    """Every figure of a Performance summary bullet ("What the targets come to") is one that
+    `benchmarks.report` prints from that bullet's suites' committed results, one computed from
+    those files here, or a target or problem size: a stale figure fails."""
+    from benchmarks.report import main as report
+
+    report([])
+    tables = {}  # suite -> the figures its tables print
+    for part in capsys.readouterr().out.split("### ")[1:]:
+        tables.setdefault(part.split(":")[0], set()).update(_numbers(part))
+    derived = set(_derived_figures()) | _NOT_MEASURED
+    text = README.read_text()
+    summary = text[
+        text.index("What the targets come to:") : text.index("<!-- --8<-- [end:performance]")
+    ]
+    bullets = summary.split("\n- **")[1:]
+    assert [b.split()[0].rstrip("*") for b in bullets] == list(_SOURCES)
+    stale = {}
+    for bullet, suites in zip(bullets, _SOURCES.values()):
+        known = derived.union(*(tables[s] for s in suites))
+        stale.update({f: bullet.split("**")[0] for f in _numbers(bullet) if f not in known})
+    assert stale == {}, stale
