@@ -120,6 +120,11 @@ def test_beta_must_be_finite_and_positive(bad):
         good = jax.jit(lambda b: _call(impl, q, k, k, b, None))(0.5)
         ref = reference.removed_attention_with_lse(q, k, k, 0.5, np.ones((3, 5), bool))
         np.testing.assert_allclose(good[0], ref[0], atol=1e-12)
+    # with jax_debug_nans, JAX stops at a NaN beta, and reruns a call that made NaN op by op:
+    # beta is concrete there, and named
+    error = FloatingPointError if np.isnan(bad) else ValueError
+    with jax.debug_nans(True), pytest.raises(error, match="nan" if np.isnan(bad) else "> 0"):
+        jax.jit(lambda b: _call("xla", q, k, k, b, None))(bad)
     mesh = jax.sharding.Mesh(jax.devices()[:2], ("seq",))
     for fn in (eqattn.parallel.ring_attention_with_lse, eqattn.parallel.sharded_attention_with_lse):
         out = jax.jit(lambda b: fn(k[:4], k[:4], mesh=mesh, axis="seq", beta=b))(bad)
