@@ -31,7 +31,7 @@ from .._solve._precision import precision_rtol
 from ..parallel import SequenceSplit
 from ._block import AbstractBlock, check_dropout
 from ._implicit import Norm, check_norm
-from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding
+from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding, token_io
 from ._layer import AbstractEquilibriumLayer
 from ._multihead import (
     MultiHeadAttention,
@@ -270,14 +270,15 @@ class DEQTransformer(AbstractTransformer):
         **block_kwargs,
     ):
         keys = jax.random.split(key, 5)  # the embedding's three, the block's, the head's
-        self.readout = ReadOut(dim, num_outputs, key=keys[4], pooling=pooling, dtype=dtype)
-        self.embedding = TokenEmbedding(
+        self.embedding, self.readout = token_io(
             dim,
-            key=keys[:3],
+            num_outputs,
+            embedding_keys=keys[:3],
+            readout_key=keys[4],
             vocab_size=vocab_size,
             in_features=in_features,
             max_len=max_len,
-            cls_token=pooling == "cls",
+            pooling=pooling,
             dtype=dtype,
         )
         self.block = DEQBlock(dim, num_heads, key=keys[3], dtype=dtype, **block_kwargs)

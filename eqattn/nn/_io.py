@@ -119,6 +119,32 @@ class ReadOut(eqx.Module):
         return self.head(z)
 
 
+def token_io(
+    dim: int,
+    num_outputs: int,
+    *,
+    embedding_keys,
+    readout_key: PRNGKeyArray,
+    vocab_size: int | None,
+    in_features: int | None,
+    max_len: int,
+    pooling: Pooling,
+    dtype,
+) -> tuple[TokenEmbedding, ReadOut]:
+    """The two ends every model here holds: its `TokenEmbedding` (with a summary token for
+    `pooling="cls"`) and its `ReadOut`."""
+    embedding = TokenEmbedding(
+        dim,
+        key=embedding_keys,
+        vocab_size=vocab_size,
+        in_features=in_features,
+        max_len=max_len,
+        cls_token=pooling == "cls",
+        dtype=dtype,
+    )
+    return embedding, ReadOut(dim, num_outputs, key=readout_key, pooling=pooling, dtype=dtype)
+
+
 class AbstractTransformer(eqx.Module):
     """Embedding -> blocks -> read-out. [`eqattn.nn.Transformer`][] and
     [`eqattn.nn.DEQTransformer`][] hold the same `embedding` and `readout` modules and differ

@@ -14,7 +14,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ._block import AbstractBlock, check_dropout
 from ._implicit import Norm, check_norm
-from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding
+from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding, token_io
 from ._multihead import MultiHeadAttention, check_dims
 
 
@@ -103,14 +103,15 @@ class Transformer(AbstractTransformer):
         if depth < 1:
             raise ValueError(f"`depth` must be >= 1; got {depth}.")
         keys = jax.random.split(key, depth + 4)  # the embedding's three, the head's, the blocks'
-        self.readout = ReadOut(dim, num_outputs, key=keys[3], pooling=pooling, dtype=dtype)
-        self.embedding = TokenEmbedding(
+        self.embedding, self.readout = token_io(
             dim,
-            key=keys[:3],
+            num_outputs,
+            embedding_keys=keys[:3],
+            readout_key=keys[3],
             vocab_size=vocab_size,
             in_features=in_features,
             max_len=max_len,
-            cls_token=pooling == "cls",
+            pooling=pooling,
             dtype=dtype,
         )
         self.blocks = tuple(
