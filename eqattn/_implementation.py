@@ -158,7 +158,7 @@ def make_inert(queries, keys, values, mask, rank):
         return x.reshape(x.shape[max(0, x.ndim - (rank + tail)) :])
 
     def zero(x, bad):
-        return trim(jnp.where(bad[..., None], jnp.zeros((), x.dtype), x), 2)
+        return trim(zero_rows(x, bad), 2)
 
     if rows.shape[-2] == 1:
         key_unused = ~jnp.any(rows, axis=-2)  # [..., m]
@@ -169,13 +169,23 @@ def make_inert(queries, keys, values, mask, rank):
             zero(values, key_unused),
             None,
         )
-    bad_q, bad_k, bad_v = (~jnp.all(jnp.isfinite(x), axis=-1) for x in (queries, keys, values))
+    bad_q, bad_k, bad_v = nonfinite_rows(queries, keys, values)
     return (
         zero(queries, bad_q),
         zero(keys, bad_k),
         zero(values, bad_v),
         trim(poison_codes(rows, bad_q, bad_k, bad_v), 1),
     )
+
+
+def nonfinite_rows(*xs):
+    """For each `x` `[..., t, f]`: `[..., t]`, True where a row holds NaN or inf."""
+    return tuple(~jnp.all(jnp.isfinite(x), axis=-1) for x in xs)
+
+
+def zero_rows(x, bad):
+    """`x` with the rows `bad` marks set to 0."""
+    return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x)
 
 
 def poison_codes(rows, bad_q, bad_k, bad_v):

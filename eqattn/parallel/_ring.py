@@ -43,10 +43,12 @@ from .. import _core
 from .._implementation import (
     check_chunk_size,
     flatten,
+    nonfinite_rows,
     poison_codes,
     poisoned,
     sanitize,
     validate,
+    zero_rows,
 )
 from ._sequence import check_axis, varying
 
@@ -312,7 +314,7 @@ def _make_inert(ring: _Ring, q, k, v, msk, m: int):
     me = lax.axis_index(ring.axis)
     nl, ml = q.shape[1], k.shape[1]
     rows = me * nl + jnp.arange(nl)  # the sequence positions of this device's queries
-    bad_q, bad_k, bad_v = (~jnp.all(jnp.isfinite(x), axis=-1) for x in (q, k, v))
+    bad_q, bad_k, bad_v = nonfinite_rows(q, k, v)
     flags = jnp.zeros((bad_k.shape[0], m), jnp.int32)
     flags = flags.at[:, me * ml + jnp.arange(ml)].set(2 * bad_k + bad_v)
     flags = lax.psum(flags, ring.axis)  # [B, m], in sequence order: 2 key, 1 value, 3 both
@@ -327,11 +329,7 @@ def _make_inert(ring: _Ring, q, k, v, msk, m: int):
         reached = lax.cummax(codes, axis=1)[:, rows]
         sees = True if msk is None else (jnp.cumsum(msk[:, 0], axis=-1) > 0)[:, rows]
         poison = jnp.maximum(reached, 2 * (bad_q & sees).astype(jnp.int8))
-
-    def zero(x, bad):
-        return jnp.where(bad[..., None], jnp.zeros((), x.dtype), x)
-
-    return zero(q, bad_q), zero(k, bad_k), zero(v, bad_v), poison
+    return zero_rows(q, bad_q), zero_rows(k, bad_k), zero_rows(v, bad_v), poison
 
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(0,))
