@@ -271,6 +271,103 @@ def test_pytree_state_and_closed_over_parameters():
         np.testing.assert_allclose(g[i][1, 0], fd, rtol=1e-6)
 
 
+@pytest.mark.parametrize("damping", [1.0, 0.5])
+def test_picard_returns_the_step_after_its_last_iterate(damping):
+    """Picard's value after k evaluations is its (k+1)-th iterate (the image of the k-th was
+    evaluated to test it), in closed form for f(z) = a z + c from 0; the residual reported is
+    the k-th iterate's."""
+    a, c, k = 0.8, np.array([1.0, -2.0, 0.5]), 6
+    f = lambda z, _: a * z + jnp.asarray(c)  # noqa: E731
+    solver = eqattn.Picard(rtol=1e-12, atol=0.0, max_steps=k, damping=damping)
+    eq = eqattn.fixed_point(f, jnp.zeros(3), solver=solver)
+    rate = 1 - damping * (1 - a)  # x_{i+1} - z* = rate (x_i - z*), z* = c / (1 - a)
+    z_star = c / (1 - a)
+    iterate = lambda i: z_star * (1 - rate**i)  # noqa: E731
+    assert int(eq.steps) == k and not eq.converged
+    np.testing.assert_allclose(eq.value, iterate(k), rtol=1e-12)
+    x = iterate(k - 1)
+    np.testing.assert_allclose(eq.residual, np.linalg.norm(a * x + c - x), rtol=1e-12)
+
+
+def _numpy_anderson(f, x0, steps, m=5, ridge=1e-4):
+    """Anderson type II in float64 (Walker and Ni's form, the ridge relative to the largest
+    squared residual): the iterates x_0 .. x_steps."""
+    xs, fs = [x0], [f(x0)]
+    for _ in range(steps):
+        g = np.stack([fx - x for x, fx in zip(xs[-m:], fs[-m:])])
+        h = g @ g.T
+        h += ridge * np.max(np.diag(h)) * np.eye(len(g))
+        w = np.linalg.solve(h, np.ones(len(g)))
+        xs.append((w / w.sum()) @ np.stack(fs[-m:]))
+        fs.append(f(xs[-1]))
+    return xs
+
+
+def test_anderson_out_of_steps_returns_its_next_step(rng):
+    """A budget of k evaluations that runs out while the residuals still fall returns Anderson's
+    next iterate x_k (float64 numpy reference), whose test would have cost evaluation k + 1;
+    the residual reported is x_{k-1}'s."""
+    n, k = 6, 4
+    q = np.linalg.qr(rng.normal(size=(n, n)))[0]
+    a = q @ np.diag(np.linspace(0.1, 0.9, n)) @ q.T  # symmetric, a contraction
+    c = rng.normal(size=n)
+    f = lambda x: a @ x + c  # noqa: E731
+    xs = _numpy_anderson(f, np.zeros(n), k)
+    residuals = [np.linalg.norm(f(x) - x) for x in xs]
+    assert all(r1 < r0 for r0, r1 in zip(residuals, residuals[1:k]))  # still improving
+    solver = eqattn.Anderson(rtol=1e-12, atol=0.0, max_steps=k)
+    eq = eqattn.fixed_point(lambda x, _: jnp.asarray(a) @ x + c, jnp.zeros(n), solver=solver)
+    assert int(eq.steps) == k and not eq.converged
+    np.testing.assert_allclose(eq.value, xs[k], rtol=1e-9)
+    np.testing.assert_allclose(eq.residual, residuals[k - 1], rtol=1e-9)
+    # converged: the iterate that passed the test, not a step beyond it
+    done = eqattn.fixed_point(
+        lambda x, _: jnp.asarray(a) @ x + c, jnp.zeros(n), solver=eqattn.Anderson(rtol=1e-3)
+    )
+    assert bool(done.converged)
+    i = int(done.steps) - 1
+    xs = _numpy_anderson(f, np.zeros(n), i)
+    np.testing.assert_allclose(done.value, xs[i], rtol=1e-9)
+
+
+def test_implicit_gradient_of_a_solve_cut_short_is_taken_at_the_last_iterate(rng):
+    """A Picard solve out of steps returns f(x_{k-1}) and its implicit gradient is linearized at
+    x_{k-1}, the forward's last evaluation (no evaluation of its own): against the closed form in
+    float64 for f(z) = tanh(W z + theta), L = sum(value^2)."""
+    n, k = 5, 3
+    w = 0.4 * rng.normal(size=(n, n)) / np.sqrt(n)
+    theta = rng.normal(size=n)
+    f = lambda z: np.tanh(w @ z + theta)  # noqa: E731
+    xs = [np.zeros(n)]
+    for _ in range(k - 1):
+        xs.append(f(xs[-1]))
+    x_lin, value = xs[-1], f(xs[-1])
+    d = 1 - f(x_lin) ** 2  # tanh' at the linearization point
+    jac = d[:, None] * w
+    u = np.linalg.solve(np.eye(n) - jac.T, 2 * value)
+    expected = d * u
+    # the linearization at the value instead gives another answer: the test can tell them apart
+    d_value = 1 - f(value) ** 2
+    other = d_value * np.linalg.solve(np.eye(n) - (d_value[:, None] * w).T, 2 * value)
+    assert np.max(np.abs(other - expected)) > 1e-4
+
+    backward = eqattn.ImplicitAdjoint(eqattn.Anderson(rtol=1e-13, atol=0.0, max_steps=50))
+
+    def loss(theta):
+        eq = eqattn.fixed_point(
+            lambda z, t: jnp.tanh(jnp.asarray(w) @ z + t),
+            jnp.zeros(n),
+            theta,
+            solver=eqattn.Picard(rtol=1e-12, atol=0.0, max_steps=k),
+            adjoint=backward,
+        )
+        return jnp.sum(eq.value**2), eq.value
+
+    (_, got_value), grad = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(theta))
+    np.testing.assert_allclose(got_value, value, rtol=1e-12)
+    np.testing.assert_allclose(grad, expected, rtol=1e-9, atol=1e-12)
+
+
 def test_non_contractive_is_reported():
     f = lambda z, _: 2 * z + 1  # noqa: E731
     eq = eqattn.fixed_point(f, jnp.zeros(3), solver=eqattn.Picard(max_steps=10))

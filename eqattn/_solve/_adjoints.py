@@ -20,7 +20,9 @@ forward mode, transposed; eqattn's is a reverse-mode custom VJP. Optimistix solv
 
 **Through an unconverged forward** (`throw=False`), every adjoint differentiates the iterate it
 returned as if it were the fixed point: `ImplicitAdjoint` and `SharedInverse` apply the implicit
-function theorem at that point, `Phantom`/`JacobianFree` take their steps from it, and `Unrolled`
+function theorem at that point (`ImplicitAdjoint` with eqattn's solvers, at the forward's last
+evaluation: the last iterate, one solver step before the value of a solve that ran out of
+steps), `Phantom`/`JacobianFree` take their steps from it, and `Unrolled`
 differentiates the steps actually taken. None of these is the derivative of a fixed point, so
 check `Equilibrium.converged` (or pass `throw=True`) before trusting such a gradient.
 
@@ -60,7 +62,9 @@ from ._solvers import (
     Broyden,
     _norm,
     equilibrium,
+    final_value,
     iterate,
+    iterate_linearized,
     iterate_unrolled,
 )
 
@@ -151,18 +155,30 @@ def _implicit(params, solve, linear, throw, relative_atol, fn, x0):
 
 @_implicit.def_fwd
 def _implicit_fwd(perturbed, params, solve, linear, throw, relative_atol, fn, x0):
+    if isinstance(solve.solver, AbstractFixedPointSolver):
+        # The forward's last evaluation of f is the backward's linearization: one evaluation
+        # fewer per gradient (at the last iterate, which for a solve that ran out of steps is
+        # one step before the value returned).
+        it, linearization = iterate_linearized(solve.solver, fn, params, x0, solve.budget)
+        return lax.stop_gradient(equilibrium(solve.solver, it)), linearization
     eq = _implicit(params, solve, linear, throw, relative_atol, fn, x0)
     return eq, eq.value
 
 
 @_implicit.def_bwd
-def _implicit_bwd(x_star, grad_obj, perturbed, params, solve, linear, throw, relative_atol, fn, x0):
+def _implicit_bwd(
+    residuals, grad_obj, perturbed, params, solve, linear, throw, relative_atol, fn, x0
+):
     g = grad_obj.value
     if g is None:
         return jax.tree.map(lambda _: None, params)
-    # One linearization at z* serves the backward solve (the z-cotangent; the unused parameter
-    # part is dead code in the solver's loop) and the final parameter cotangent.
-    fx, vjp = eqx.filter_vjp(fn, x_star, params)
+    # One linearization of f serves the backward solve (the z-cotangent; the unused parameter
+    # part is dead code in the solver's loop) and the final parameter cotangent: the forward's
+    # (eqattn's solvers), else one at z*.
+    if isinstance(solve.solver, AbstractFixedPointSolver):
+        fx, vjp = residuals
+    else:
+        fx, vjp = eqx.filter_vjp(fn, residuals, params)
     if relative_atol:
         floor = linear.atol * _norm(g) / jnp.maximum(_norm(fx), linear.atol)
         linear = eqx.tree_at(lambda s: s.atol, linear, floor.astype(g.dtype))
@@ -287,7 +303,7 @@ class Unrolled(AbstractAdjoint):
                 f"eqattn.Anderson, Picard or Broyden; got {type(solver).__name__}."
             )
         it = iterate_unrolled(solver, lambda x: fn(x, params), x0, solve.budget)
-        return _with_value(equilibrium(solver, lax.stop_gradient(it)), it.best_x)
+        return _with_value(equilibrium(solver, lax.stop_gradient(it)), final_value(solver, it))
 
 
 class JaxoptImplicit(AbstractAdjoint):

@@ -92,18 +92,19 @@ class Picard(AbstractFixedPointSolver):
 
 
 def _solve_spd(h, b):
-    """`h^-1 b` for a small symmetric positive definite `h [m, m]` by Gaussian elimination without
-    pivoting (stable for SPD matrices), unrolled over the static `m`: elementwise operations that
-    fuse into the solver's step, where a LAPACK/cuSOLVER call is one more kernel per step."""
+    """`h^-1 b` for a small symmetric positive definite `h [m, m]` by Gauss-Jordan elimination
+    without pivoting (stable for SPD matrices), unrolled over the static `m` in whole-matrix
+    operations (masks, no slice updates): they fuse into a few kernels, where slice updates
+    or a LAPACK/cuSOLVER call cost one each."""
     m = h.shape[0]
-    for k in range(m):  # forward elimination
-        factor = h[k + 1 :, k] / h[k, k]
-        h = h.at[k + 1 :, :].add(-factor[:, None] * h[k])
-        b = b.at[k + 1 :].add(-factor * b[k])
-    x = jnp.zeros_like(b)
-    for k in reversed(range(m)):  # back substitution
-        x = x.at[k].set((b[k] - h[k, k + 1 :] @ x[k + 1 :]) / h[k, k])
-    return x
+    eye = jnp.eye(m, dtype=h.dtype)
+    for k in range(m):
+        e = eye[k]
+        row, bk = h[k] / h[k, k], b[k] / h[k, k]  # pivot row, normalized
+        col = h[:, k] * (1 - e)  # what to eliminate from the other rows
+        h = (h - col[:, None] * row[None, :]) * (1 - e)[:, None] + e[:, None] * row[None, :]
+        b = (b - col * bk) * (1 - e) + e * bk
+    return b
 
 
 class Anderson(AbstractFixedPointSolver):
@@ -286,6 +287,7 @@ class Iteration(eqx.Module):
     best_scale: Float[Array, ""]
     done: Bool[Array, ""]
     nonfinite: Bool[Array, ""]  # f(x) or x was not finite at the last step
+    last_is_best: Bool[Array, ""]  # the last iterate has the lowest residual (fx is its image)
 
 
 def _norm(x):
@@ -311,13 +313,18 @@ def first(solver, fn, x0) -> Iteration:
         best_scale=scale,
         done=converged(solver, residual, scale) | ~finite,
         nonfinite=~finite,
+        last_is_best=jnp.array(True),
     )
 
 
 def advance(solver, fn, it: Iteration) -> Iteration:
     """One solver step and one evaluation of f; keeps the lowest-residual iterate."""
     x, state = solver.step(it.x, it.fx, it.state)
-    fx = fn(x)
+    return tested(solver, it, x, state, fn(x))
+
+
+def tested(solver, it: Iteration, x, state, fx) -> Iteration:
+    """The loop's carry after the step to `x` (solver state `state`), given its image `fx`."""
     finite = jnp.all(jnp.isfinite(fx)) & jnp.all(jnp.isfinite(x))
     residual, scale = _norm(fx - x), _norm(fx)
     residual = jnp.where(finite, residual, jnp.inf)
@@ -332,11 +339,22 @@ def advance(solver, fn, it: Iteration) -> Iteration:
         best_scale=jnp.where(better, scale, it.best_scale),
         done=converged(solver, residual, scale) | ~finite,
         nonfinite=~finite,
+        last_is_best=better,
     )
 
 
+def final_value(solver: AbstractFixedPointSolver, it: Iteration) -> Array:
+    """What a finished loop returns. A solve that ran out of steps with its iterates still
+    improving (the last has the lowest residual) returns the solver's next step from there: the
+    evaluation of $f$ that tested the last iterate also pays for that step, which a budget of
+    one more evaluation would have taken (for Picard, $f(x)$ itself). Otherwise (converged,
+    non-finite, or stalled) the lowest-residual iterate."""
+    extrapolate = it.last_is_best & ~it.done
+    return jnp.where(extrapolate, solver.step(it.x, it.fx, it.state)[0], it.best_x)
+
+
 def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
-    """The public summary of a finished loop (`value` is the flat best iterate)."""
+    """The public summary of a finished loop (`value` as `final_value` says)."""
     ok = converged(solver, it.best_residual, it.best_scale) & jnp.isfinite(it.best_residual)
     scale = jnp.where(it.best_scale > 0, it.best_scale, 1)
     result = RESULTS.where(
@@ -345,7 +363,7 @@ def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
         RESULTS.where(it.nonfinite, RESULTS.nonfinite, RESULTS.max_steps_reached),
     )
     # No finite evaluation of f at all (e.g. NaN in the input): the answer is NaN, not z0.
-    value = jnp.where(jnp.isfinite(it.best_residual), it.best_x, jnp.nan)
+    value = jnp.where(jnp.isfinite(it.best_residual), final_value(solver, it), jnp.nan)
     return Equilibrium(
         value=value,
         steps=it.step,
@@ -373,6 +391,24 @@ def iterate(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
         return it
 
     return lax.while_loop(lambda it: _going(it, budget), trip, first(solver, fn, x0))
+
+
+def iterate_linearized(solver: AbstractFixedPointSolver, fn, params, x0, budget):
+    """As `iterate` for `x = fn(x, params)`, with the last evaluation of `fn` made outside the
+    loop by `eqx.filter_vjp`: returns the finished loop and the linearization `(f(x_lin), its
+    vjp)` (an implicit backward pass then needs no evaluation of its own). `x_lin` is the last
+    iterate if the budget allowed that evaluation as a step, else (the solve had stopped, e.g.
+    converged) the value the loop returns; the evaluation then only serves the
+    linearization."""
+    g = lambda x: fn(x, params)  # noqa: E731
+    it = iterate(solver, g, x0, budget - 1)
+    go = _going(it, budget)
+    x_next, state = solver.step(it.x, it.fx, it.state)
+    x_lin = jnp.where(go, x_next, final_value(solver, it))
+    fx, vjp = eqx.filter_vjp(fn, x_lin, params)
+    stepped = tested(solver, it, x_lin, state, fx)
+    it = jax.tree.map(lambda a, b: jnp.where(go, a, b), stepped, it)
+    return it, (fx, vjp)
 
 
 def iterate_unrolled(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
