@@ -272,21 +272,30 @@ def test_pytree_state_and_closed_over_parameters():
 
 
 @pytest.mark.parametrize("damping", [1.0, 0.5])
-def test_picard_returns_the_step_after_its_last_iterate(damping):
-    """Picard's value after k evaluations is its (k+1)-th iterate (the image of the k-th was
-    evaluated to test it), in closed form for f(z) = a z + c from 0; the residual reported is
-    the k-th iterate's."""
-    a, c, k = 0.8, np.array([1.0, -2.0, 0.5]), 6
-    f = lambda z, _: a * z + jnp.asarray(c)  # noqa: E731
-    solver = eqattn.Picard(rtol=1e-12, atol=0.0, max_steps=k, damping=damping)
-    eq = eqattn.fixed_point(f, jnp.zeros(3), solver=solver)
-    rate = 1 - damping * (1 - a)  # x_{i+1} - z* = rate (x_i - z*), z* = c / (1 - a)
-    z_star = c / (1 - a)
-    iterate = lambda i: z_star * (1 - rate**i)  # noqa: E731
-    assert int(eq.steps) == k and not eq.converged
-    np.testing.assert_allclose(eq.value, iterate(k), rtol=1e-12)
-    x = iterate(k - 1)
-    np.testing.assert_allclose(eq.residual, np.linalg.norm(a * x + c - x), rtol=1e-12)
+def test_a_short_picard_backward_returns_its_next_step(damping):
+    """ImplicitAdjoint(Picard(max_steps=k)) out of steps gives the (k+1)-th iterate of u = g +
+    J^T u, which its k vector-Jacobian products paid for: for f(z) = a z + theta (J = a I,
+    df/dtheta = I) and L = c . z*, the gradient in closed form."""
+    a, k = 0.8, 6
+    c = np.array([1.0, -2.0, 0.5])
+    rate = 1 - damping * (1 - a)  # u_{i+1} - u* = rate (u_i - u*), u* = c / (1 - a), u_0 = c
+    u_star = c / (1 - a)
+    expected = u_star + (c - u_star) * rate**k
+    backward = eqattn.ImplicitAdjoint(
+        eqattn.Picard(rtol=1e-12, atol=0.0, max_steps=k, damping=damping)
+    )
+
+    def loss(theta):
+        eq = eqattn.fixed_point(
+            lambda z, t: a * z + t,
+            jnp.zeros(3),
+            theta,
+            solver=eqattn.Picard(rtol=1e-13, atol=0.0, max_steps=400),
+            adjoint=backward,
+        )
+        return jnp.dot(jnp.asarray(c), eq.value)
+
+    np.testing.assert_allclose(jax.grad(loss)(jnp.ones(3)), expected, rtol=1e-10)
 
 
 def _numpy_anderson(f, x0, steps, m=5, ridge=1e-4):
@@ -303,37 +312,50 @@ def _numpy_anderson(f, x0, steps, m=5, ridge=1e-4):
     return xs
 
 
-def test_anderson_out_of_steps_returns_its_next_step(rng):
-    """A budget of k evaluations that runs out while the residuals still fall returns Anderson's
-    next iterate x_k (float64 numpy reference), whose test would have cost evaluation k + 1;
-    the residual reported is x_{k-1}'s."""
+def test_a_short_anderson_backward_returns_its_next_step(rng):
+    """ImplicitAdjoint(Anderson(max_steps=k)) out of steps with its residuals still falling
+    gives Anderson's next iterate u_k (float64 numpy reference) for u = g + J^T u: for f(z) =
+    a z + theta and L = c . z*, the gradient is u itself. A converged backward gives the
+    iterate that passed its test."""
     n, k = 6, 4
     q = np.linalg.qr(rng.normal(size=(n, n)))[0]
     a = q @ np.diag(np.linspace(0.1, 0.9, n)) @ q.T  # symmetric, a contraction
     c = rng.normal(size=n)
-    f = lambda x: a @ x + c  # noqa: E731
-    xs = _numpy_anderson(f, np.zeros(n), k)
-    residuals = [np.linalg.norm(f(x) - x) for x in xs]
+    h = lambda u: c + a.T @ u  # noqa: E731
+    us = _numpy_anderson(h, c, k)  # the backward starts at u_0 = g = c
+    residuals = [np.linalg.norm(h(u) - u) for u in us]
     assert all(r1 < r0 for r0, r1 in zip(residuals, residuals[1:k]))  # still improving
-    solver = eqattn.Anderson(rtol=1e-12, atol=0.0, max_steps=k)
-    eq = eqattn.fixed_point(lambda x, _: jnp.asarray(a) @ x + c, jnp.zeros(n), solver=solver)
-    assert int(eq.steps) == k and not eq.converged
-    np.testing.assert_allclose(eq.value, xs[k], rtol=1e-9)
-    np.testing.assert_allclose(eq.residual, residuals[k - 1], rtol=1e-9)
-    # converged: the iterate that passed the test, not a step beyond it
-    done = eqattn.fixed_point(
-        lambda x, _: jnp.asarray(a) @ x + c, jnp.zeros(n), solver=eqattn.Anderson(rtol=1e-3)
+
+    def grad(linear):
+        def loss(theta):
+            eq = eqattn.fixed_point(
+                lambda z, t: jnp.asarray(a) @ z + t,
+                jnp.zeros(n),
+                theta,
+                solver=eqattn.Anderson(rtol=1e-13, atol=0.0, max_steps=100),
+                adjoint=eqattn.ImplicitAdjoint(linear),
+            )
+            return jnp.dot(jnp.asarray(c), eq.value)
+
+        return jax.grad(loss)(jnp.zeros(n))
+
+    np.testing.assert_allclose(
+        grad(eqattn.Anderson(rtol=1e-12, atol=0.0, max_steps=k)), us[k], rtol=1e-9
     )
-    assert bool(done.converged)
-    i = int(done.steps) - 1
-    xs = _numpy_anderson(f, np.zeros(n), i)
-    np.testing.assert_allclose(done.value, xs[i], rtol=1e-9)
+    # converged within its budget: the iterate that passed the test (here the i-th)
+    loose = eqattn.Anderson(rtol=1e-3, atol=0.0, max_steps=50)
+    i = next(
+        i
+        for i, r in enumerate(_numpy_anderson(h, c, 50))
+        if np.linalg.norm(h(r) - r) <= 1e-3 * np.linalg.norm(h(r))
+    )
+    np.testing.assert_allclose(grad(loose), _numpy_anderson(h, c, i)[i], rtol=1e-9)
 
 
-def test_implicit_gradient_of_a_solve_cut_short_is_taken_at_the_last_iterate(rng):
-    """A Picard solve out of steps returns f(x_{k-1}) and its implicit gradient is linearized at
-    x_{k-1}, the forward's last evaluation (no evaluation of its own): against the closed form in
-    float64 for f(z) = tanh(W z + theta), L = sum(value^2)."""
+def test_implicit_gradient_of_a_solve_cut_short(rng):
+    """A Picard solve out of steps returns its last iterate x_{k-1} (the lowest residual) and its
+    implicit gradient is linearized there, from the forward's last evaluation (no evaluation of
+    its own): against the closed form in float64 for f(z) = tanh(W z + theta), L = sum(z*^2)."""
     n, k = 5, 3
     w = 0.4 * rng.normal(size=(n, n)) / np.sqrt(n)
     theta = rng.normal(size=n)
@@ -341,15 +363,16 @@ def test_implicit_gradient_of_a_solve_cut_short_is_taken_at_the_last_iterate(rng
     xs = [np.zeros(n)]
     for _ in range(k - 1):
         xs.append(f(xs[-1]))
-    x_lin, value = xs[-1], f(xs[-1])
-    d = 1 - f(x_lin) ** 2  # tanh' at the linearization point
-    jac = d[:, None] * w
-    u = np.linalg.solve(np.eye(n) - jac.T, 2 * value)
-    expected = d * u
-    # the linearization at the value instead gives another answer: the test can tell them apart
-    d_value = 1 - f(value) ** 2
-    other = d_value * np.linalg.solve(np.eye(n) - (d_value[:, None] * w).T, 2 * value)
-    assert np.max(np.abs(other - expected)) > 1e-4
+    value = xs[-1]
+
+    def implicit_at(x):
+        d = 1 - f(x) ** 2  # tanh' at the linearization point
+        return d * np.linalg.solve(np.eye(n) - (d[:, None] * w).T, 2 * value)
+
+    expected = implicit_at(value)
+    # a linearization one step further (at f(value), where the last evaluation went) differs:
+    # the test can tell the two apart
+    assert np.max(np.abs(implicit_at(f(value)) - expected)) > 1e-4
 
     backward = eqattn.ImplicitAdjoint(eqattn.Anderson(rtol=1e-13, atol=0.0, max_steps=50))
 

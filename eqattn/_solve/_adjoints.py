@@ -21,8 +21,7 @@ forward mode, transposed; eqattn's is a reverse-mode custom VJP. Optimistix solv
 **Through an unconverged forward** (`throw=False`), every adjoint differentiates the iterate it
 returned as if it were the fixed point: `ImplicitAdjoint` and `SharedInverse` apply the implicit
 function theorem at that point (`ImplicitAdjoint` with eqattn's solvers, at the forward's last
-evaluation: the last iterate, one solver step before the value of a solve that ran out of
-steps), `Phantom`/`JacobianFree` take their steps from it, and `Unrolled`
+evaluation, which is that point unless the iterates stopped improving), `Phantom`/`JacobianFree` take their steps from it, and `Unrolled`
 differentiates the steps actually taken. None of these is the derivative of a fixed point, so
 check `Equilibrium.converged` (or pass `throw=True`) before trusting such a gradient.
 
@@ -62,10 +61,10 @@ from ._solvers import (
     Broyden,
     _norm,
     equilibrium,
-    final_value,
     iterate,
     iterate_linearized,
     iterate_unrolled,
+    next_step,
 )
 
 
@@ -112,6 +111,9 @@ class ImplicitAdjoint(AbstractAdjoint):
       solver applied to $u \mapsto g + J^\top u$ (`Picard()` is the Neumann series), or a Krylov
       method on $(I - J^\top)u = g$: [`eqattn.GMRES`][], [`eqattn.BiCGStab`][],
       [`eqattn.NormalCG`][] (Lineax's); a solver given here is used with its own tolerances.
+      A fixed-point solver that runs out of steps with its iterates still improving gives its
+      next step (for `Picard(max_steps=k)`, the Neumann series' first $k + 1$ terms): the
+      vector-Jacobian product that tested its last iterate pays for it.
     - `throw`: if the backward solve does not reach its tolerance, raise a runtime error (also
       inside `jit`). `None` (default): `fixed_point`'s (or the layer's) `throw`; with `False`
       the best-effort gradient is returned as is.
@@ -140,8 +142,9 @@ def solve_adjoint(linear, jt, g):
     r"""Solve $u = g + J^\top u$ given $v \mapsto J^\top v$; return $u$ and whether it met the
     solver's tolerance."""
     if isinstance(linear, AbstractFixedPointSolver):
-        eq = equilibrium(linear, iterate(linear, lambda u: g + jt(u), g, linear.max_steps))
-        return eq.value, eq.converged
+        # Out of steps, the solver's next step is a better u than its last iterate, at no cost.
+        it = iterate(linear, lambda u: g + jt(u), g, linear.max_steps)
+        return next_step(linear, it), equilibrium(linear, it).converged
     u = linear.solve(lambda u: u - jt(u), g)
     r = _norm(u - jt(u) - g)
     ok = r <= linear.atol + linear.rtol * _norm(g)
@@ -157,8 +160,7 @@ def _implicit(params, solve, linear, throw, relative_atol, fn, x0):
 def _implicit_fwd(perturbed, params, solve, linear, throw, relative_atol, fn, x0):
     if isinstance(solve.solver, AbstractFixedPointSolver):
         # The forward's last evaluation of f is the backward's linearization: one evaluation
-        # fewer per gradient (at the last iterate, which for a solve that ran out of steps is
-        # one step before the value returned).
+        # fewer per gradient (at the value returned, unless the iterates stopped improving).
         it, linearization = iterate_linearized(solve.solver, fn, params, x0, solve.budget)
         return lax.stop_gradient(equilibrium(solve.solver, it)), linearization
     eq = _implicit(params, solve, linear, throw, relative_atol, fn, x0)
@@ -303,7 +305,7 @@ class Unrolled(AbstractAdjoint):
                 f"eqattn.Anderson, Picard or Broyden; got {type(solver).__name__}."
             )
         it = iterate_unrolled(solver, lambda x: fn(x, params), x0, solve.budget)
-        return _with_value(equilibrium(solver, lax.stop_gradient(it)), final_value(solver, it))
+        return _with_value(equilibrium(solver, lax.stop_gradient(it)), it.best_x)
 
 
 class JaxoptImplicit(AbstractAdjoint):

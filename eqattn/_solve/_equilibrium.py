@@ -29,15 +29,11 @@ class Equilibrium(eqx.Module):
 
     **Fields:**
 
-    - `value`: $z^*$ (same structure as `z0`), differentiable according to the adjoint: the
-      iterate with the lowest residual; or, for eqattn's solvers when the step budget ran out
-      while the iterates were still improving, the solver's next step from the last iterate
-      (the evaluation of $f$ that tested that iterate pays for it: for [`eqattn.Picard`][], its
-      image $f(z)$), which one more evaluation would have tested.
+    - `value`: $z^*$, the iterate with the lowest residual (same structure as `z0`);
+      differentiable according to the adjoint.
     - `steps`: evaluations of $f$ made (including the first, at `z0`); jaxopt's own count of
       them for a [`eqattn.JaxoptSolver`][]; Optimistix's iteration count for its solvers.
-    - `residual`: $\lVert f(z) - z\rVert_2$ at that lowest-residual iterate $z$ (`inf` if $f$
-      returned NaN/Inf at every iterate).
+    - `residual`: $\lVert f(z^*) - z^*\rVert_2$ (`inf` if $f$ returned NaN/Inf at every iterate).
     - `relative_residual`: `residual` $/\,\lVert f(z^*)\rVert_2$.
     - `converged`: whether the solver's test passed at $z^*$: `residual <= atol + rtol * |f(z*)|`
       for eqattn's solvers and [`eqattn.JaxoptSolver`][] (`atol = tol`, `rtol = 0`); the

@@ -59,10 +59,8 @@ def fixed_point(
 
     The solver stops when $\lVert f(z) - z\rVert_2 \le \mathrm{atol} + \mathrm{rtol}\,\lVert
     f(z)\rVert_2$, after `max_steps` evaluations of $f$, or when $f$ returns NaN/Inf; it returns the
-    iterate with the lowest residual, except that a solve of eqattn's whose budget ran out while
-    its iterates were still improving returns the solver's next step, already paid for (see
-    [`eqattn.Equilibrium`][]). Under `jax.vmap` each example stops on its own test and gets its
-    own statistics.
+    iterate with the lowest residual. Under `jax.vmap` each example stops on its own test and
+    gets its own statistics.
 
     Gradients with respect to `args` and to arrays that `fn` closes over follow `adjoint` (by
     default the implicit function theorem, solved as accurately as the forward). No gradient

@@ -343,18 +343,19 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
     )
 
 
-def final_value(solver: AbstractFixedPointSolver, it: Iteration) -> Array:
-    """What a finished loop returns. A solve that ran out of steps with its iterates still
-    improving (the last has the lowest residual) returns the solver's next step from there: the
-    evaluation of $f$ that tested the last iterate also pays for that step, which a budget of
-    one more evaluation would have taken (for Picard, $f(x)$ itself). Otherwise (converged,
-    non-finite, or stalled) the lowest-residual iterate."""
+def next_step(solver: AbstractFixedPointSolver, it: Iteration) -> Array:
+    """A finished loop's best answer when nothing is differentiated through it: for a solve
+    that ran out of steps with its iterates still improving (the last has the lowest
+    residual), the solver's next step from there, which the evaluation of $f$ that tested the
+    last iterate already paid for (one more evaluation would have tested it; for Picard it is
+    $f(x)$); otherwise (converged, non-finite, stalled) the lowest-residual iterate. The
+    implicit adjoint's backward solve returns it."""
     extrapolate = it.last_is_best & ~it.done
     return jnp.where(extrapolate, solver.step(it.x, it.fx, it.state)[0], it.best_x)
 
 
 def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
-    """The public summary of a finished loop (`value` as `final_value` says)."""
+    """The public summary of a finished loop (`value` is the flat best iterate)."""
     ok = converged(solver, it.best_residual, it.best_scale) & jnp.isfinite(it.best_residual)
     scale = jnp.where(it.best_scale > 0, it.best_scale, 1)
     result = RESULTS.where(
@@ -363,7 +364,7 @@ def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
         RESULTS.where(it.nonfinite, RESULTS.nonfinite, RESULTS.max_steps_reached),
     )
     # No finite evaluation of f at all (e.g. NaN in the input): the answer is NaN, not z0.
-    value = jnp.where(jnp.isfinite(it.best_residual), final_value(solver, it), jnp.nan)
+    value = jnp.where(jnp.isfinite(it.best_residual), it.best_x, jnp.nan)
     return Equilibrium(
         value=value,
         steps=it.step,
@@ -397,14 +398,15 @@ def iterate_linearized(solver: AbstractFixedPointSolver, fn, params, x0, budget)
     """As `iterate` for `x = fn(x, params)`, with the last evaluation of `fn` made outside the
     loop by `eqx.filter_vjp`: returns the finished loop and the linearization `(f(x_lin), its
     vjp)` (an implicit backward pass then needs no evaluation of its own). `x_lin` is the last
-    iterate if the budget allowed that evaluation as a step, else (the solve had stopped, e.g.
-    converged) the value the loop returns; the evaluation then only serves the
+    iterate if the budget allowed that evaluation as a step (the lowest-residual iterate, which
+    the loop returns, unless the iterates stopped improving), else (the solve had stopped, e.g.
+    converged) the iterate the loop returns; the evaluation then only serves the
     linearization."""
     g = lambda x: fn(x, params)  # noqa: E731
     it = iterate(solver, g, x0, budget - 1)
     go = _going(it, budget)
     x_next, state = solver.step(it.x, it.fx, it.state)
-    x_lin = jnp.where(go, x_next, final_value(solver, it))
+    x_lin = jnp.where(go, x_next, it.best_x)
     fx, vjp = eqx.filter_vjp(fn, x_lin, params)
     stepped = tested(solver, it, x_lin, state, fx)
     it = jax.tree.map(lambda a, b: jnp.where(go, a, b), stepped, it)

@@ -48,7 +48,7 @@ class ModelConfig:
     max_steps: int = 30
     # implicit adjoint: the backward solver and its step budget (None: max_steps): 4 Anderson
     # steps on (I - J^T) u = g (4 vector-Jacobian products), returning the fifth iterate they
-    # pay for: what 5 steps gave before the solvers returned that step (CHANGELOG)
+    # pay for: what 5 steps gave before the backward returned that step (CHANGELOG)
     backward_solver: str = "anderson"
     backward_steps: int | None = 4
     num_tokens: int = 8

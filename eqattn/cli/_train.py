@@ -49,10 +49,9 @@ class TrainConfig:
     seed: int = 0
     # DEQ only: the forward solver's step budget while training (None: the model's max_steps,
     # which evaluation uses), and whether each training example's solve starts from its
-    # previous fixed point instead of zeros. 10 evaluations, with the Anderson backward of
-    # ModelConfig: the solve returns the 11th Picard iterate they pay for, as 11 evaluations
-    # did before the solvers returned it (CHANGELOG); measured by `python -m benchmarks training`
-    # (CPU, 5 seeds; benchmarks/results/training-cpu-cpu.json, and the README's table).
+    # previous fixed point instead of zeros. 10 steps, with the Anderson backward of
+    # ModelConfig: measured by `python -m benchmarks training` (CPU, 5 seeds;
+    # benchmarks/results/training-cpu-cpu.json, and the README's table).
     train_steps: int | None = 10
     warm_start: bool = False
     # DEQ only: weight of the Jacobian penalty |df/dz|_F^2 / size at the fixed point (0: none)
