@@ -92,19 +92,26 @@ class Picard(AbstractFixedPointSolver):
 
 
 def _solve_spd(h, b):
-    """`h^-1 b` for a small symmetric positive definite `h [m, m]` by Gauss-Jordan elimination
-    without pivoting (stable for SPD matrices), unrolled over the static `m` in whole-matrix
-    operations (masks, no slice updates): they fuse into a few kernels, where slice updates
-    or a LAPACK/cuSOLVER call cost one each."""
+    """`h^-1 b` for a small symmetric positive definite `h [m, m]` by Gaussian elimination without
+    pivoting (stable for SPD matrices), unrolled over the static `m` on the matrix's entries as
+    scalars: only elementwise operations, which fuse into a few kernels whether or not the
+    solve is batched (slice updates, or a LAPACK/cuSOLVER call, cost one kernel each)."""
     m = h.shape[0]
-    eye = jnp.eye(m, dtype=h.dtype)
-    for k in range(m):
-        e = eye[k]
-        row, bk = h[k] / h[k, k], b[k] / h[k, k]  # pivot row, normalized
-        col = h[:, k] * (1 - e)  # what to eliminate from the other rows
-        h = (h - col[:, None] * row[None, :]) * (1 - e)[:, None] + e[:, None] * row[None, :]
-        b = (b - col * bk) * (1 - e) + e * bk
-    return b
+    a = [[h[i, j] for j in range(m)] for i in range(m)]
+    r = [b[i] for i in range(m)]
+    for k in range(m):  # forward elimination
+        for i in range(k + 1, m):
+            factor = a[i][k] / a[k][k]
+            for j in range(k + 1, m):
+                a[i][j] = a[i][j] - factor * a[k][j]
+            r[i] = r[i] - factor * r[k]
+    x = [None] * m
+    for k in reversed(range(m)):  # back substitution
+        s = r[k]
+        for j in range(k + 1, m):
+            s = s - a[k][j] * x[j]
+        x[k] = s / a[k][k]
+    return jnp.stack(x)
 
 
 class Anderson(AbstractFixedPointSolver):
