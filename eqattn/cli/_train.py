@@ -430,7 +430,9 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
                 )
     except KeyboardInterrupt:
         bar.close()
-        write_metrics("interrupted", epoch - 1, at_boundary=False)
+        # Epochs whose training finished (an interrupt can land after the last one's steps,
+        # while its checkpoint is being written): the model saved has done that many.
+        write_metrics("interrupted", len(history), at_boundary=False)
         raise Interrupted(
             f"interrupted in epoch {epoch}; the model as it stood is saved: {ckpt} "
             "(eqattn train --resume continues from the last full epoch)"
