@@ -21,8 +21,8 @@ forward mode, transposed; eqattn's is a reverse-mode custom VJP. Optimistix solv
 **Through an unconverged forward** (`throw=False`), every adjoint differentiates the iterate it
 returned as if it were the fixed point: `ImplicitAdjoint` and `SharedInverse` apply the implicit
 function theorem at that point (`ImplicitAdjoint` with eqattn's solvers, at the forward's last
-evaluation, which is that point unless the iterates stopped improving), `Phantom`/`JacobianFree` take their steps from it, and `Unrolled`
-differentiates the steps actually taken. None of these is the derivative of a fixed point, so
+evaluation, which is that point unless the iterates stopped improving), `Phantom` and
+`JacobianFree` take their steps from it, and `Unrolled` differentiates the steps actually taken. None of these is the derivative of a fixed point, so
 check `Equilibrium.converged` (or pass `throw=True`) before trusting such a gradient.
 
 **Writing an adjoint.** Subclass `AbstractAdjoint` and implement
