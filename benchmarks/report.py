@@ -273,12 +273,19 @@ def kernel(payload) -> str:
     )
 
 
+def _seeds(seeds) -> str:
+    """`[0, 1, 2, 3, 4]` -> "0-4"."""
+    if list(seeds) == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
 def training(payload) -> str:
-    seeds = ", ".join(map(str, payload.get("seeds", [])))
     return _table(
         [
             "case",
-            f"test accuracy (mean; min-max over seeds {seeds})",
+            "seeds",
+            "test accuracy (mean; min-max over the seeds)",
             "train s",
             "x explicit",
             "first step ms (x explicit)",
@@ -289,6 +296,7 @@ def training(payload) -> str:
         [
             [
                 r["case"].strip(),
+                _seeds(r.get("seeds", payload.get("seeds", []))),
                 f"{r['accuracy_mean']:.2%} ({r['accuracy_min']:.2%}-{r['accuracy_max']:.2%})",
                 f"{r['train_s']:.3g}",
                 # paired by seed where the file has it (older files: ratio of the medians)
