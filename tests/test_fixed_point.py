@@ -352,6 +352,43 @@ def test_a_short_anderson_backward_returns_its_next_step(rng):
     np.testing.assert_allclose(grad(loose), _numpy_anderson(h, c, i)[i], rtol=1e-9)
 
 
+def test_a_short_backward_under_vmap_stops_each_example_on_its_own(rng):
+    """A short backward solve (a few steps, run as a loop of fixed length) under `vmap`: each
+    example's gradient is its own float64 Anderson reference, whether it passed the test early
+    (the iterate that passed) or ran out of steps (the next step)."""
+    n, k, rtol = 6, 5, 1e-3
+    q = np.linalg.qr(rng.normal(size=(n, n)))[0]
+    cs = rng.normal(size=(3, n))
+    # the spectra set how fast each example's backward converges: at once, early, not in k steps
+    spectra = (np.full(n, 1e-4), np.linspace(0.01, 0.1, n), np.linspace(0.1, 0.9, n))
+    mats = np.stack([q @ np.diag(s) @ q.T for s in spectra])
+    expected, passed = [], []
+    for a, c in zip(mats, cs):
+        h = lambda u, a=a, c=c: c + a.T @ u  # noqa: E731
+        us = _numpy_anderson(h, c, k)
+        ok = [np.linalg.norm(h(u) - u) <= rtol * np.linalg.norm(h(u)) for u in us[:k]]
+        passed.append(any(ok))
+        expected.append(us[ok.index(True)] if any(ok) else us[k])
+    assert passed == [True, True, False]
+    backward = eqattn.ImplicitAdjoint(eqattn.Anderson(rtol=rtol, atol=0.0, max_steps=k))
+
+    def grad(a, c):
+        def loss(theta):
+            eq = eqattn.fixed_point(
+                lambda z, t: a @ z + t,
+                jnp.zeros(n),
+                theta,
+                solver=eqattn.Anderson(rtol=1e-13, atol=0.0, max_steps=100),
+                adjoint=backward,
+            )
+            return jnp.dot(c, eq.value)
+
+        return jax.grad(loss)(jnp.zeros(n))
+
+    got = jax.jit(jax.vmap(grad))(jnp.asarray(mats), jnp.asarray(cs))
+    np.testing.assert_allclose(got, np.stack(expected), rtol=1e-9, atol=1e-12)
+
+
 def test_implicit_gradient_of_a_solve_cut_short(rng):
     """A Picard solve out of steps returns its last iterate x_{k-1} (the lowest residual) and its
     implicit gradient is linearized there, from the forward's last evaluation (no evaluation of

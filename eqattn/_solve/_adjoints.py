@@ -62,6 +62,7 @@ from ._solvers import (
     _norm,
     equilibrium,
     iterate,
+    iterate_fixed,
     iterate_linearized,
     iterate_unrolled,
     next_step,
@@ -138,12 +139,19 @@ class ImplicitAdjoint(AbstractAdjoint):
         return _implicit(params, solve, linear, throw, default, fn, x0)
 
 
+_SHORT_BACKWARD = 8  # at most this many steps: `iterate_fixed`
+
+
 def solve_adjoint(linear, jt, g):
     r"""Solve $u = g + J^\top u$ given $v \mapsto J^\top v$; return $u$ and whether it met the
     solver's tolerance."""
     if isinstance(linear, AbstractFixedPointSolver):
+        h = lambda u: g + jt(u)  # noqa: E731
+        # A truncated solve of a few steps, whose examples seldom all stop early, as a loop of
+        # fixed length (under vmap its solver state is neither selected nor scattered).
+        short = linear.max_steps <= _SHORT_BACKWARD
+        it = (iterate_fixed if short else iterate)(linear, h, g, linear.max_steps)
         # Out of steps, the solver's next step is a better u than its last iterate, at no cost.
-        it = iterate(linear, lambda u: g + jt(u), g, linear.max_steps)
         return next_step(linear, it), equilibrium(linear, it).converged
     u = linear.solve(lambda u: u - jt(u), g)
     r = _norm(u - jt(u) - g)

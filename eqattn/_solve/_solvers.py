@@ -12,6 +12,7 @@ Optimistix's solvers can be used too (`_backends.py`).
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -399,6 +400,29 @@ def iterate(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
         return it
 
     return lax.while_loop(lambda it: _going(it, budget), trip, first(solver, fn, x0))
+
+
+def iterate_fixed(solver: AbstractFixedPointSolver, fn, x0, budget: int) -> Iteration:
+    """As `iterate` for a static `budget`, as a loop of exactly `budget - 1` guarded steps (no
+    early exit). The guard (`jnp.where` on the loop's test, per example under `vmap`) leaves out
+    the solver's state: only iterates still going read it (a stopped one's answer is its
+    lowest-residual iterate, which `next_step` and `equilibrium` return). So under `vmap` the
+    state is not selected at every step (as `iterate`'s `while_loop` selects all of its carry),
+    and the step count stays unbatched: Anderson's history is written in place, not scattered.
+    For short solves whose examples rarely all stop early (a truncated backward solve)."""
+
+    def body(_, it):
+        new = advance(solver, fn, it)
+        go = _going(it, budget)
+        kept = jax.tree.map(
+            lambda a, b: jnp.where(go, a, b),
+            dataclasses.replace(new, state=None),
+            dataclasses.replace(it, state=None),
+        )
+        return dataclasses.replace(kept, state=new.state)
+
+    it = first(solver, fn, x0)
+    return lax.fori_loop(0, budget - 1, body, it)
 
 
 def iterate_linearized(solver: AbstractFixedPointSolver, fn, params, x0, budget):
