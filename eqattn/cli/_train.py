@@ -40,9 +40,9 @@ class TrainConfig:
 
     epochs: int = 40
     batch_size: int = 64
-    # 3e-3 (was 2e-3): the DEQ's mean test accuracy over 10 seeds rose by about 0.9 points with
-    # the other defaults unchanged, the explicit baseline's stayed within 0.2 (`python -m
-    # benchmarks training`, the rows "with the previous learning rate")
+    # 3e-3 (was 2e-3): the DEQ's mean test accuracy over 10 seeds rose from 97.05% to 97.88%
+    # with the other defaults unchanged; the explicit baseline's did not fall (`python -m
+    # benchmarks training`, the rows "at/with the previous learning rate")
     lr: float = 3e-3
     weight_decay: float = 0.05
     clip: float = 1.0  # global gradient-norm clipping; 0 turns it off
