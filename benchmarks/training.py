@@ -11,19 +11,20 @@ fixed point), a Jacobian penalty, the phantom and Jacobian-free gradients, fixed
 and Broyden with the shared-inverse (SHINE) backward; last, the explicit baseline at the previous
 learning rate, `eqattn train`'s defaults (learning rate 3e-3, a budget of 10 evaluations while
 training, the backward by 4 Anderson steps) and variations of them (the previous learning rate
-2e-3, a budget of 9, a shorter backward; the Neumann backward with a budget of 10 is the
-row "+ train budget 10 steps" above). All cases but those two take
-`eqattn train`'s learning rate (3e-3; results files before it was chosen ran them at 2e-3). A
-backward solve by eqattn's fixed-point solvers that runs out of its k steps returns the next
-iterate they pay for, so a backward budget here buys one iterate more than the same number did
-in results files of commits before that change.
+2e-3, a budget of 9, a shorter backward; the Neumann backward with a budget of 10 is the row
+"+ train budget 10 steps" above). All cases but those two take `eqattn train`'s learning rate
+(3e-3; results files before it was chosen ran them at 2e-3). A backward solve by eqattn's
+fixed-point solvers that runs out of its k steps returns the next iterate they pay for, so a
+backward budget here buys one iterate more than the same number did in results files of commits
+before that change.
 
 1. First-step time: one jitted training step per case (a batch of 64 images, dropout on, fresh
    parameters), all timed round-robin with the explicit step. At initialization the DEQ's map
    contracts best, so its solves are shorter than later in training: the full runs' training
    times are the cost to compare.
 2. Full runs: `eqattn.cli.train` per case and seed (0 to 4; 0 to 9 for the rows that carry the
-   target: the baseline, the defaults and the defaults at the previous learning rate; the
+   target: the baseline, the defaults, and the defaults at the previous learning rate and with a
+   budget of 9; the
    command's defaults otherwise: 40 epochs), round-robin over the cases seed by seed: test
    accuracy (mean, min and max over the seeds),
    training time (median over the seeds, and its ratio to the explicit run of the same seed,

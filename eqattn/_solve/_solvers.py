@@ -408,7 +408,8 @@ def iterate_fixed(solver: AbstractFixedPointSolver, fn, x0, budget: int) -> Iter
     the solver's state: only iterates still going read it (a stopped one's answer is its
     lowest-residual iterate, which `next_step` and `equilibrium` return). So under `vmap` the
     state is not selected at every step (as `iterate`'s `while_loop` selects all of its carry),
-    and the step count stays unbatched: Anderson's history is written in place, not scattered.
+    and the state's own step count stays unbatched: Anderson's history is written in place, not
+    scattered.
     For short solves whose examples rarely all stop early (a truncated backward solve)."""
 
     def body(_, it):
