@@ -23,9 +23,9 @@ before that change.
    contracts best, so its solves are shorter than later in training: the full runs' training
    times are the cost to compare.
 2. Full runs: `eqattn.cli.train` per case and seed (0 to 4; 0 to 9 for the rows that carry the
-   target: the baseline, the defaults, and the defaults at the previous learning rate and with a
-   budget of 9; the
-   command's defaults otherwise: 40 epochs), round-robin over the cases seed by seed: test
+   target: the baseline, the defaults, the defaults at the previous learning rate and with a
+   budget of 9, and the Neumann backward with a budget of 10; the command's defaults
+   otherwise: 40 epochs), round-robin over the cases seed by seed: test
    accuracy (mean, min and max over the seeds),
    training time (median over the seeds, and its ratio to the explicit run of the same seed,
    median over the seeds), mean solver steps while training and at test, the fraction of test
@@ -104,6 +104,7 @@ CASES = [
 
 _TARGET = (
     "explicit (baseline)",
+    "  + train budget 10 steps",  # the Neumann-backward candidate for the defaults
     DEFAULTS,
     "  with the previous learning rate (2e-3)",
     "  with a training budget of 9 steps",
