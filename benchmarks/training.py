@@ -19,9 +19,10 @@ backward budget here buys one iterate more than the same number did in results f
 before that change.
 
 1. First-step time: one jitted training step per case (a batch of 64 images, dropout on, fresh
-   parameters), all timed round-robin with the explicit step. At initialization the DEQ's map
-   contracts best, so its solves are shorter than later in training: the full runs' training
-   times are the cost to compare.
+   parameters), all timed round-robin with the explicit step. A DEQ step at initialization
+   costs less, against the explicit one, than the steps of a training run do (the same step
+   repeated on the same batch, its solves at their shortest): the full runs' training times are
+   the cost to compare.
 2. Full runs: `eqattn.cli.train` per case and seed (0 to 4; 0 to 9 for the rows that carry the
    target: the baseline, the defaults, the defaults at the previous learning rate and with a
    budget of 9, and the Neumann backward with a budget of 10; the command's defaults
