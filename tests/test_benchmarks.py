@@ -1,4 +1,5 @@
-"""The benchmark runner works end to end at small sizes (timings are not checked here)."""
+"""The benchmark runner works end to end at small sizes, one suite per test (timings are not
+checked here)."""
 
 import json
 import os
@@ -13,28 +14,7 @@ from benchmarks.__main__ import SUITES
 ROOT = Path(__file__).parent.parent
 
 
-@pytest.mark.slow
-def test_quick_benchmarks_run(tmp_path, capsys):
-    # Every suite (the default), on 2 CPU devices so the multi-device rows run too.
-    # (timings are not checked here, so the suite's fast-compile flag applies too)
-    flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
-    env = {**os.environ, "XLA_FLAGS": flags}
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    files = sorted(p.name for p in tmp_path.glob("*.json"))
-    for suite in SUITES:
-        assert any(f.startswith(f"{suite}-quick") for f in files), (suite, files)
-    for path in tmp_path.glob("*.json"):
-        payload = json.loads(path.read_text())
-        assert payload["rows"] and payload["device"]["platform"] and payload["versions"]["jax"]
-    core = json.loads(next(tmp_path.glob("core-quick*.json")).read_text())
+def _check_core(core):
     assert core["bandwidth_gbps"] > 0
     by = {(r["n"], r["mode"], r["impl"]): r for r in core["rows"]}
     for (n, mode, impl), r in by.items():
@@ -42,9 +22,13 @@ def test_quick_benchmarks_run(tmp_path, capsys):
         # the n x m weights' traffic: a fused (chunked) pass moves less than the dense ones
         for fused in ("eqattn-chunked", "eqattn-pallas"):
             assert by[(n, mode, fused)]["bytes"] < by[(n, mode, "xla")]["bytes"]
-    kernel = json.loads(next(tmp_path.glob("kernel-quick*.json")).read_text())
+
+
+def _check_kernel(kernel):
     assert all(r["rel_error"] < 1e-5 for r in kernel["rows"])  # interpreted, float32, vs XLA
-    deq = json.loads(next(tmp_path.glob("deq-quick*.json")).read_text())
+
+
+def _check_deq(deq):
     # every exact method agrees with the baseline's gradient: forward and backward are solved to
     # rtol 1e-4 (the baseline's backward to 1e-5), so to about rtol / (1 - contraction)
     assert {r["problem"] for r in deq["rows"]} == {"P1", "P2"}
@@ -52,22 +36,66 @@ def test_quick_benchmarks_run(tmp_path, capsys):
         assert not row.get("error"), row
         if "JacobianFree" not in row["method"]:
             assert row["grad_norm_rel_diff"] < 5e-3, row
-    training = json.loads(next(tmp_path.glob("training-quick*.json")).read_text())
+
+
+def _check_training(training):
     assert [r["case"] for r in training["rows"]][0] == "explicit (baseline)"
     assert all(0 <= r["accuracy_mean"] <= 1 and r["step_ms"] > 0 for r in training["rows"])
-    memory = json.loads(next(tmp_path.glob("memory-quick*.json")).read_text())
+
+
+def _check_memory(memory):
     implicit = [r["temp_mb"] for r in memory["rows"] if r.get("case") == "implicit"]
     unrolled = [r["temp_mb"] for r in memory["rows"] if r.get("case") == "unrolled"]
     assert implicit[0] == implicit[-1] and unrolled[-1] > unrolled[0]  # flat vs growing
-    scaling = json.loads(next(tmp_path.glob("scaling-quick*.json")).read_text())
+
+
+def _check_scaling(scaling):
     assert [r["devices"] for r in scaling["rows"] if r["part"] == "devices"] == [1, 2]
+
+
+CHECKS = {
+    "core": _check_core,
+    "kernel": _check_kernel,
+    "deq": _check_deq,
+    "training": _check_training,
+    "memory": _check_memory,
+    "scaling": _check_scaling,
+}
+
+
+# The slowest suites first, so that they start first on the test workers.
+_SLOW_FIRST = ("deq", "training", "layers", "core", "ring", "scaling", "memory", "kernel")
+_ORDER = sorted(SUITES, key=lambda s: _SLOW_FIRST.index(s) if s in _SLOW_FIRST else len(SUITES))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", _ORDER)
+def test_quick_benchmark_runs(suite, tmp_path, capsys):
+    # On 2 CPU devices so the multi-device rows run too (timings are not checked here, so the
+    # suite's fast-compile flag applies too).
+    flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+    env = {**os.environ, "XLA_FLAGS": flags}
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", suite, "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    assert path.name.startswith(f"{suite}-quick"), path.name
+    payload = json.loads(path.read_text())
+    assert payload["rows"] and payload["device"]["platform"] and payload["versions"]["jax"]
+    CHECKS.get(suite, lambda _: None)(payload)
 
     # the report prints quick results with --quick (marked), and says why it prints nothing
     from benchmarks.report import main as report
 
     report(["--results", str(tmp_path), "--quick"])
     out = capsys.readouterr().out
-    assert out.count("(--quick: tiny sizes") == len(SUITES)
+    assert out.count("(--quick: tiny sizes") == 1
     report(["--results", str(tmp_path)])
     printed = capsys.readouterr()
     assert printed.out == "" and "pass --quick to print those" in printed.err
@@ -76,4 +104,4 @@ def test_quick_benchmarks_run(tmp_path, capsys):
     from benchmarks.plot import main as plot
 
     plot(["--results", str(tmp_path), "--out", str(tmp_path / "plots")])
-    assert len(list((tmp_path / "plots").glob("*.png"))) == len(SUITES)
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 1
