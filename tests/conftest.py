@@ -32,6 +32,22 @@ def _dtype_of_the_test(request):
             yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _compilation_cache(tmp_path_factory):
+    """One persistent compilation cache for the run's processes (the test workers and the
+    command lines they start): the suite compiles the same programs in many of them. It lives
+    in the run's temporary directory, so each run starts empty. A cache the user set is kept."""
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        base = tmp_path_factory.getbasetemp()
+        run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        path = str(run / "jax-compilation-cache")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    yield
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

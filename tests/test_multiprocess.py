@@ -27,7 +27,10 @@ def _free_port() -> int:
 
 def _env(devices: int) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # (the suite's fast-compile flag too: nothing here is timed)
+    env["XLA_FLAGS"] = (
+        f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+    )
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
