@@ -32,6 +32,9 @@ def _dtype_of_the_test(request):
             yield
 
 
+CACHE_MIN_COMPILE_S = 0.2  # programs that compile faster are not worth a cache entry
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _compilation_cache(tmp_path_factory):
     """One persistent compilation cache for the run's processes (the test workers and the
@@ -42,9 +45,9 @@ def _compilation_cache(tmp_path_factory):
         run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
         path = str(run / "jax-compilation-cache")
         os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(CACHE_MIN_COMPILE_S)
         jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_S)
     yield
 
 
