@@ -21,16 +21,22 @@ TINY = [
     "--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress",
     "--max-steps", "6", "--epochs", "3",
 ]  # fmt: skip
-ENV = {
-    **os.environ,
-    "XLA_FLAGS": "--xla_backend_optimization_level=0",
-    "PYTHONPATH": str(ROOT),
-    "JAX_PLATFORMS": "cpu",
-}
+
+
+def _env(**extra):
+    """The command lines' environment, read when they start: it then holds the run's shared
+    compilation cache (set by a session fixture, after this module is imported)."""
+    return {
+        **os.environ,
+        "XLA_FLAGS": "--xla_backend_optimization_level=0",
+        "PYTHONPATH": str(ROOT),
+        "JAX_PLATFORMS": "cpu",
+        **extra,
+    }
 
 
 def _train(out, *extra, failpoint=None, timeout=180):
-    env = {**ENV, **({"EQATTN_FAILPOINT": failpoint} if failpoint else {})}
+    env = _env(**({"EQATTN_FAILPOINT": failpoint} if failpoint else {}))
     return subprocess.run(
         [sys.executable, "-m", "eqattn", "train", *extra, "--out", str(out)],
         capture_output=True,
@@ -111,7 +117,7 @@ def test_a_second_run_into_a_locked_directory_exits_at_once(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=ENV,
+        env=_env(),
     )
     try:
         deadline = time.monotonic() + 120
@@ -201,7 +207,7 @@ def test_failures_exit_1_and_debug_shows_the_traceback(reference, tmp_path, caps
         [sys.executable, "-m", "eqattn", "--debug", "evaluate", "--checkpoint", "missing.eqx"],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=_env(),
         timeout=120,
     )
     assert shown.returncode == 1 and "Traceback" in shown.stderr and "CommandError" in shown.stderr
@@ -209,7 +215,7 @@ def test_failures_exit_1_and_debug_shows_the_traceback(reference, tmp_path, caps
         [sys.executable, "-m", "eqattn", "evaluate", "--checkpoint", "missing.eqx"],
         capture_output=True,
         text=True,
-        env={**ENV, "EQATTN_DEBUG": "1"},
+        env=_env(EQATTN_DEBUG="1"),
         timeout=120,
     )
     assert "Traceback" in via_env.stderr

@@ -12,6 +12,8 @@ both formulas, so it carries no gradient). Everything is differentiable.
 
 from __future__ import annotations
 
+import functools as ft
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -76,6 +78,28 @@ def sharded_attention_with_lse(
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, equal to the one-device
     result up to round-off.
     """
+    # Checked before `jit`: a concrete `beta`'s values, and the static arguments (hashable).
+    queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
+    check_axis(mesh, axis)
+    tiling = check_tiling(tiling)
+    return _sharded_attention_with_lse(
+        queries,
+        keys,
+        values,
+        beta,
+        mask,
+        mesh=mesh,
+        axis=axis,
+        chunk_size=chunk_size,
+        tiling=tiling,
+    )
+
+
+# Jitted: run eagerly, `shard_map` would execute the body one operation at a time.
+@ft.partial(jax.jit, static_argnames=("mesh", "axis", "chunk_size", "tiling"))
+def _sharded_attention_with_lse(
+    queries, keys, values, beta, mask, *, mesh, axis, chunk_size, tiling
+):
     queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
     tiling = check_tiling(tiling)
     check_axis(mesh, axis)
