@@ -370,3 +370,27 @@ def test_sequence_split_errors():
     )
     with pytest.raises(ValueError, match="multiple of the size 4 of mesh axis 'seq'"):
         layer(jnp.ones((6, 8)))
+
+
+def test_calls_outside_jit_compile_once_per_configuration(rng):
+    # Outside `jit`, `shard_map` would run the ring one operation at a time (seconds per call):
+    # both sharded functions compile once, and a second call with the same shapes and
+    # configuration reuses the program (a new `beta` value is an argument, not a new program).
+    from eqattn.parallel import _ring, _sequence
+
+    mesh = _mesh((4,), ("seq",))
+    x = jnp.asarray(rng.normal(size=(2, 16, 4)))
+    for fn, jitted, extra in (
+        (par.ring_attention_with_lse, _ring._ring_attention_with_lse, dict(causal=True)),
+        (par.sharded_attention_with_lse, _sequence._sharded_attention_with_lse, {}),
+    ):
+        fn(x, x, mesh=mesh, axis="seq", **extra)
+        programs = jitted._cache_size()
+        out, lse = fn(x, x, mesh=mesh, axis="seq", beta=0.5, **extra)
+        assert jitted._cache_size() == programs
+        mask = _causal(16) if extra else None
+        ref_out, ref_lse = reference.attention_with_lse(
+            np.asarray(x), np.asarray(x), beta=0.5, mask=mask
+        )
+        np.testing.assert_allclose(out, ref_out, atol=1e-10)
+        np.testing.assert_allclose(lse, ref_lse, atol=1e-10)
