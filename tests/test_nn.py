@@ -454,6 +454,20 @@ def test_multihead_attention_carries_over_to_equinox(getkey, biases):
         enn.MultiHeadAttention(2, 8, output_size=5, output_projection=False, key=getkey())
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_per_token_linear_matches_numpy(getkey, bias):
+    """The layers' token-wise linear maps (one matmul over the tokens, in place of
+    `jax.vmap(eqx.nn.Linear)`): x W^T + b in float64 numpy, for leading batch axes too."""
+    from eqattn.nn._multihead import per_token
+
+    linear = eqx.nn.Linear(5, 3, use_bias=bias, key=getkey(), dtype=F64)
+    x = np.asarray(jax.random.normal(getkey(), (2, 4, 5), F64))
+    w = np.asarray(linear.weight)
+    expected = x @ w.T + (np.asarray(linear.bias) if bias else 0.0)
+    np.testing.assert_allclose(per_token(linear, x), expected, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(per_token(linear, x[0]), expected[0], rtol=1e-13, atol=1e-14)
+
+
 def test_one_convention_for_outputs_with_statistics(getkey):
     """`layer(...)` is the output; `layer.forward(...)` is `(output, Equilibrium)` on every
     equilibrium layer and model, and the statistics describe the returned solve: the residual

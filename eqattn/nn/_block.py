@@ -8,7 +8,7 @@ import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from ._implicit import apply_norm
-from ._multihead import MultiHeadAttention
+from ._multihead import MultiHeadAttention, per_token
 
 
 def check_dropout(rate: float) -> None:
@@ -56,9 +56,9 @@ class AbstractBlock(eqx.Module):
         a = a if drop_attn is None else a * drop_attn
         u = z + a if injection is None else z + a + injection
         u = u if self.norm_first else rn(u)
-        h = jax.nn.gelu(jax.vmap(self.mlp_in)(rn(u) if self.norm_first else u))
+        h = jax.nn.gelu(per_token(self.mlp_in, rn(u) if self.norm_first else u))
         h = h if drop_mlp is None else h * drop_mlp
-        return rn(u + jax.vmap(self.mlp_out)(h))
+        return rn(u + per_token(self.mlp_out, h))
 
     def dropout_masks(
         self, key: PRNGKeyArray | None, inference: bool | None, n: int, dtype

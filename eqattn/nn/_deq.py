@@ -38,6 +38,7 @@ from ._multihead import (
     check_dims,
     check_mask,
     check_tokens,
+    per_token,
     shard_tokens,
 )
 
@@ -109,7 +110,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
 
     def injection(self, x: Float[Array, "n dim"]) -> Float[Array, "n dim"]:
         """The input injection $Ux$: a linear map then a layer norm (with learned affine)."""
-        return jax.vmap(lambda t: self.inject_norm(self.inject(t)))(x)
+        return jax.vmap(self.inject_norm)(per_token(self.inject, x))
 
     def step(self, z, injection, mask=None, drop=None):
         """One application of the block's map (see the module docstring)."""

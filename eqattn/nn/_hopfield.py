@@ -39,7 +39,7 @@ from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ._block import check_dropout
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens
+from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens, per_token
 
 
 class Hopfield(AbstractEquilibriumLayer):
@@ -248,13 +248,13 @@ class Hopfield(AbstractEquilibriumLayer):
         h = self.attention.num_heads
         if static:
             return jnp.broadcast_to(x[None], (h, *x.shape))
-        return split_heads(jax.vmap(proj)(x), h)
+        return split_heads(per_token(proj, x), h)
 
     def _values(self, stored_n):
         a = self.attention
         if self.connected_values:  # through the key projection, then (unless static) W_v
-            x = jax.vmap(a.key_proj)(stored_n)
-            v = split_heads(x if self.static_values else jax.vmap(a.value_proj)(x), a.num_heads)
+            x = per_token(a.key_proj, stored_n)
+            v = split_heads(x if self.static_values else per_token(a.value_proj, x), a.num_heads)
         else:
             v = self._per_head(a.value_proj, stored_n, self.static_values)
         return self._append(v, self.bias_value)
@@ -387,7 +387,7 @@ class Hopfield(AbstractEquilibriumLayer):
             out = jnp.einsum("hnm,hmd->hnd", a, v)
         out = merge_heads(out)
         if self.attention.output_proj is not None:
-            out = jax.vmap(self.attention.output_proj)(out)
+            out = per_token(self.attention.output_proj, out)
         if self.association_activation is not None:
             out = self.association_activation(out)
         return out, eq

@@ -33,6 +33,7 @@ from ._multihead import (
     check_dims,
     check_mask,
     check_tokens,
+    per_token,
     shard_tokens,
 )
 
@@ -111,7 +112,7 @@ class ImplicitAttention(AbstractEquilibriumLayer):
 
     def injection(self, x: Float[Array, "n dim"]) -> Float[Array, "n dim"]:
         """The input injection $Ux$: a linear map then a layer norm (with learned affine)."""
-        return jax.vmap(lambda t: self.inject_norm(self.inject(t)))(x)
+        return jax.vmap(self.inject_norm)(per_token(self.inject, x))
 
     def step(self, z: Float[Array, "n dim"], injection: Float[Array, "n dim"], mask=None):
         """One application of the layer's map $z \\mapsto \\mathrm{RN}(z + \\mathrm{MHA}(z) + Ux)$."""

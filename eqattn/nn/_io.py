@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from ._multihead import per_token
+
 Pooling = Literal["mean", "cls", "none"]
 
 
@@ -71,7 +73,10 @@ class TokenEmbedding(eqx.Module):
             raise ValueError(
                 f"`x` has {x.shape[0]} tokens; this model takes at most {self.max_len}."
             )
-        h = jax.vmap(self.embed)(x)
+        if isinstance(self.embed, eqx.nn.Embedding):
+            h = jax.vmap(self.embed)(x)
+        else:
+            h = per_token(self.embed, x)
         n = h.shape[0]
         if padding_mask is not None:
             padding_mask = jnp.asarray(padding_mask)
@@ -115,7 +120,7 @@ class ReadOut(eqx.Module):
             w = jnp.ones(z.shape[0]) if padding_mask is None else padding_mask.astype(z.dtype)
             z = (w @ z) / jnp.maximum(jnp.sum(w), 1)
         else:
-            return jax.vmap(self.head)(z)
+            return per_token(self.head, z)
         return self.head(z)
 
 
