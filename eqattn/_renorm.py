@@ -9,6 +9,7 @@ Probabilistic Interpretation of Transformers", 2021).
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, ArrayLike, Float
 
 from ._core import compute_dtype
@@ -27,10 +28,14 @@ def renormalize(
     if eps < 0:
         raise ValueError(f"`eps` must be >= 0; got {eps}.")
     xf = x.astype(compute_dtype(x.dtype))
-    mean = jnp.mean(xf, axis=axis, keepdims=True)
-    centred = xf - mean
-    var = jnp.mean(centred * centred, axis=axis, keepdims=True)
-    return (centred / jnp.sqrt(var + eps)).astype(x.dtype)
+    # The statistics without kept dimensions, and rsqrt rather than division by a sqrt: so a
+    # linearized copy of this (whose derivative reuses them) is the same as a plain one, and XLA
+    # merges two evaluations of one map at one point (XLA rewrites x / sqrt(y) to
+    # x * rsqrt(y), and moves reshapes of size-1 axes, only where the value has no other use).
+    mean = jnp.mean(xf, axis=axis)
+    centred = xf - jnp.expand_dims(mean, axis)
+    var = jnp.mean(centred * centred, axis=axis)
+    return (centred * jnp.expand_dims(lax.rsqrt(var + eps), axis)).astype(x.dtype)
 
 
 def standardize_tokens(
