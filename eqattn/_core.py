@@ -193,9 +193,13 @@ def _scaled_queries(q, beta, dtype):
 def _block_stats(q, k, v, beta, mask, dtype):
     """Unnormalized softmax statistics of one block of keys: the row maximum `smax` (-inf where
     every key is masked), `total` = sum exp(s - smax) and `acc` = sum exp(s - smax) v."""
-    s = jnp.einsum(
-        "...nd,...md->...nm", _scaled_queries(q, beta, dtype), k, preferred_element_type=dtype
-    )
+    # beta scales the logits here (elementwise work that fuses into the exp): a scaling of the
+    # queries would sit between their layout change (e.g. splitting heads) and this product, and
+    # XLA, which folds a transpose into a dot, moves one past an elementwise op only where the
+    # value has no other use; then a linearized copy of a map (an implicit layer's backward
+    # pass) differs from a plain copy, and XLA cannot merge two evaluations at one point.
+    s = jnp.einsum("...nd,...md->...nm", q.astype(dtype), k, preferred_element_type=dtype)
+    s = s * beta[..., None, None]
     if mask is not None:
         s = jnp.where(mask, s, -jnp.inf)
     smax = jnp.max(s, axis=-1, initial=-jnp.inf)
