@@ -389,6 +389,46 @@ def test_a_short_backward_under_vmap_stops_each_example_on_its_own(rng):
     np.testing.assert_allclose(got, np.stack(expected), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("solver", SOLVERS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    "adjoint",
+    [None, eqattn.ImplicitAdjoint(eqattn.GMRES(**TIGHT)), eqattn.Unrolled()],
+    ids=["default", "GMRES", "Unrolled"],
+)
+def test_gradient_of_a_batch_loss_under_vmap_matches_closed_form(rng, solver, adjoint):
+    """The users' pattern: the gradient of a loss summed over `vmap`ped examples, with respect
+    to parameters shared by the batch (`w`) and per example (`theta`), against the closed form
+    for z = tanh(W z + theta): with D = diag(1 - z^2) and the loss's gradient c,
+    dL/dtheta = D (I - W^T D)^{-1} c and dL/dW = sum over examples of (dL/dtheta) z^T."""
+    n, batch = 5, 4
+    w = rng.normal(size=(n, n)) * 0.6 / np.sqrt(n)
+    thetas = rng.normal(size=(batch, n))
+
+    def loss(w, theta):
+        eq = eqattn.fixed_point(
+            lambda z, a: jnp.tanh(a[0] @ z + a[1]),
+            jnp.zeros(n),
+            (w, theta),
+            solver=solver,
+            adjoint=adjoint,
+        )
+        return jnp.sum(jnp.sin(eq.value))
+
+    batch_loss = lambda w, t: jnp.sum(jax.vmap(loss, (None, 0))(w, t))  # noqa: E731
+    gw, gt = jax.jit(jax.grad(batch_loss, argnums=(0, 1)))(jnp.asarray(w), jnp.asarray(thetas))
+    expected_w, expected_t = np.zeros((n, n)), []
+    for theta in thetas:
+        z = np.zeros(n)
+        for _ in range(500):
+            z = np.tanh(w @ z + theta)
+        d = np.diag(1 - z**2)
+        g_theta = d @ np.linalg.solve(np.eye(n) - w.T @ d, np.cos(z))
+        expected_t.append(g_theta)
+        expected_w += np.outer(g_theta, z)
+    np.testing.assert_allclose(gt, np.stack(expected_t), rtol=1e-8, atol=1e-11)
+    np.testing.assert_allclose(gw, expected_w, rtol=1e-8, atol=1e-11)
+
+
 def test_implicit_gradient_of_a_solve_cut_short(rng):
     """A Picard solve out of steps returns its last iterate x_{k-1} (the lowest residual) and its
     implicit gradient is linearized there, from the forward's last evaluation (no evaluation of

@@ -63,7 +63,7 @@ from ._solvers import (
     equilibrium,
     iterate,
     iterate_fixed,
-    iterate_linearized,
+    iterate_to_last,
     iterate_unrolled,
     next_step,
 )
@@ -136,7 +136,14 @@ class ImplicitAdjoint(AbstractAdjoint):
         default = self.linear_solver is None
         linear = default_linear_solver(solve) if default else self.linear_solver
         throw = throw if self.throw is None else self.throw
-        return _implicit(params, solve, linear, throw, default, fn, x0)
+        eq, x_lin = lax.stop_gradient(_forward(params, solve, fn, x0))
+        # The parameters' cotangent u^T df/dtheta by JAX's own reverse mode through one
+        # evaluation of f, so that under a user's vmap it is one contraction over the batch (a
+        # custom VJP's would be one per example, then summed); the hook passes z* on and turns
+        # its cotangent g into u, the cotangent of that evaluation.
+        y = fn(x_lin, params)
+        hook = _implicit_hook(y, eq.value, x_lin, _stop(params), linear, throw, default, fn)
+        return _with_value(eq, hook)
 
 
 _SHORT_BACKWARD = 8  # at most this many steps: `iterate_fixed`
@@ -160,49 +167,64 @@ def solve_adjoint(linear, jt, g):
 
 
 @eqx.filter_custom_vjp
-def _implicit(params, solve, linear, throw, relative_atol, fn, x0):
-    return lax.stop_gradient(solve(lambda x: fn(x, params), x0))
-
-
-@_implicit.def_fwd
-def _implicit_fwd(perturbed, params, solve, linear, throw, relative_atol, fn, x0):
-    if isinstance(solve.solver, AbstractFixedPointSolver):
-        # The forward's last evaluation of f is the backward's linearization: one evaluation
-        # fewer per gradient (at the value returned, unless the iterates stopped improving).
-        it, linearization = iterate_linearized(solve.solver, fn, params, x0, solve.budget)
-        return lax.stop_gradient(equilibrium(solve.solver, it)), linearization
-    eq = _implicit(params, solve, linear, throw, relative_atol, fn, x0)
+def _forward(params, solve, fn, x0):
+    """`(Equilibrium, x_lin)`: the forward solve and the point at which its gradient linearizes
+    `fn`, its value (a custom VJP only so that, when differentiated, the loop leaves its last
+    evaluation to be shared with that linearization; it passes no gradient itself)."""
+    eq = solve(lambda x: fn(x, params), x0)
     return eq, eq.value
 
 
-@_implicit.def_bwd
-def _implicit_bwd(
-    residuals, grad_obj, perturbed, params, solve, linear, throw, relative_atol, fn, x0
-):
-    g = grad_obj.value
-    if g is None:
-        return jax.tree.map(lambda _: None, params)
-    # One linearization of f serves the backward solve (the z-cotangent; the unused parameter
-    # part is dead code in the solver's loop) and the final parameter cotangent: the forward's
-    # (eqattn's solvers), else one at z*.
+@_forward.def_fwd
+def _forward_fwd(perturbed, params, solve, fn, x0):
     if isinstance(solve.solver, AbstractFixedPointSolver):
-        fx, vjp = residuals
-    else:
-        fx, vjp = eqx.filter_vjp(fn, residuals, params)
+        # The forward's last evaluation of f is the backward's linearization (merged by XLA):
+        # one evaluation fewer per gradient (at the value returned, unless the iterates stopped
+        # improving).
+        it, x_lin = iterate_to_last(solve.solver, lambda x: fn(x, params), x0, solve.budget)
+        return (equilibrium(solve.solver, it), x_lin), None
+    eq = solve(lambda x: fn(x, params), x0)
+    return (eq, eq.value), None
+
+
+@_forward.def_bwd
+def _forward_bwd(residuals, grad_obj, perturbed, params, solve, fn, x0):
+    return jax.tree.map(lambda _: None, params)
+
+
+@eqx.filter_custom_vjp
+def _implicit_hook(y, value, x_lin, frozen, linear, throw, relative_atol, fn):
+    """`value`, with the cotangent $u = g + J^\top u$ ($J$ of `fn` at `x_lin`) for `y` when its
+    own cotangent is $g$. (`value` carries the output: under `vmap` it is batched like the
+    cotangent, where zeros made from `y`'s shape would not be, and JAX would sum the cotangent
+    over the batch.)"""
+    return value
+
+
+@_implicit_hook.def_fwd
+def _implicit_hook_fwd(perturbed, y, value, x_lin, frozen, linear, throw, relative_atol, fn):
+    fx, vjp = eqx.filter_vjp(lambda x: fn(x, frozen), x_lin)
+    return value, (fx, vjp)
+
+
+@_implicit_hook.def_bwd
+def _implicit_hook_bwd(
+    residuals, g, perturbed, y, value, x_lin, frozen, linear, throw, relative_atol, fn
+):
+    fx, vjp = residuals
     if relative_atol:
         floor = linear.atol * _norm(g) / jnp.maximum(_norm(fx), linear.atol)
         linear = eqx.tree_at(lambda s: s.atol, linear, floor.astype(g.dtype))
     u, ok = solve_adjoint(linear, lambda v: vjp(v)[0], g)
-    grads = vjp(u)[1]
     if throw:
-        grads = eqx.error_if(
-            grads,
+        u = eqx.error_if(
+            u,
             ~ok,
             "eqattn.fixed_point: the implicit backward solve u = g + J^T u did not reach its "
             "tolerance (give ImplicitAdjoint a linear_solver with more max_steps or another "
             "method, or pass throw=False to accept the best-effort gradient).",
         )
-    return grads
+    return u
 
 
 class SharedInverse(AbstractAdjoint):

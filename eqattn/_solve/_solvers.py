@@ -426,23 +426,21 @@ def iterate_fixed(solver: AbstractFixedPointSolver, fn, x0, budget: int) -> Iter
     return lax.fori_loop(0, budget - 1, body, it)
 
 
-def iterate_linearized(solver: AbstractFixedPointSolver, fn, params, x0, budget):
-    """As `iterate` for `x = fn(x, params)`, with the last evaluation of `fn` made outside the
-    loop by `eqx.filter_vjp`: returns the finished loop and the linearization `(f(x_lin), its
-    vjp)` (an implicit backward pass then needs no evaluation of its own). `x_lin` is the last
-    iterate if the budget allowed that evaluation as a step (the lowest-residual iterate, which
-    the loop returns, unless the iterates stopped improving), else (the solve had stopped, e.g.
+def iterate_to_last(solver: AbstractFixedPointSolver, fn, x0, budget) -> tuple[Iteration, Array]:
+    """As `iterate`, with the last evaluation of `fn` made after the loop, at a point returned
+    with the loop: `(it, x_lin)`. A gradient then linearizes `fn` at `x_lin` by evaluating it
+    there again, which XLA merges with this evaluation (the same operations on the same
+    operands), so the linearization costs no evaluation of its own. `x_lin` is the last iterate
+    if the budget allowed that evaluation as a step (the lowest-residual iterate, which the
+    loop returns, unless the iterates stopped improving), else (the solve had stopped, e.g.
     converged) the iterate the loop returns; the evaluation then only serves the
     linearization."""
-    g = lambda x: fn(x, params)  # noqa: E731
-    it = iterate(solver, g, x0, budget - 1)
+    it = iterate(solver, fn, x0, budget - 1)
     go = _going(it, budget)
     x_next, state = solver.step(it.x, it.fx, it.state)
     x_lin = jnp.where(go, x_next, it.best_x)
-    fx, vjp = eqx.filter_vjp(fn, x_lin, params)
-    stepped = tested(solver, it, x_lin, state, fx)
-    it = jax.tree.map(lambda a, b: jnp.where(go, a, b), stepped, it)
-    return it, (fx, vjp)
+    stepped = tested(solver, it, x_lin, state, fn(x_lin))
+    return jax.tree.map(lambda a, b: jnp.where(go, a, b), stepped, it), x_lin
 
 
 def iterate_unrolled(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
