@@ -416,10 +416,8 @@ def ring_attention_with_lse(
 def _ring_attention_with_lse(
     queries, keys, values, beta, mask, *, mesh, axis, causal, chunk_size, tiling
 ):
+    # (the static arguments were checked by the caller, before `jit`)
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
-    check_chunk_size(chunk_size)
-    tiling = _core.check_tiling(tiling)
-    check_axis(mesh, axis)
     size = mesh.shape[axis]
     n, m = queries.shape[-2], keys.shape[-2]
     parts = 2 * size if causal else size

@@ -100,9 +100,8 @@ def sharded_attention_with_lse(
 def _sharded_attention_with_lse(
     queries, keys, values, beta, mask, *, mesh, axis, chunk_size, tiling
 ):
+    # (the static arguments were checked by the caller, before `jit`)
     queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
-    tiling = check_tiling(tiling)
-    check_axis(mesh, axis)
     size, m = mesh.shape[axis], keys.shape[-2]
     if m % size:
         raise ValueError(
