@@ -24,7 +24,7 @@ from . import reference
 PALLAS = {"implementation": "pallas"}
 # Blocks of 16: the loops over key and query blocks, and the padding of ragged sizes, all run at
 # the small sizes interpret mode can afford.
-SMALL = kernel.Config(triton=_triton.Blocks(16, 16, 16, 16))
+SMALL = kernel.Config(triton=_triton.Blocks.uniform(16, 16))
 # The TPU (Mosaic) kernels, interpreted on CPU, with blocks of 16.
 SMALL_TPU = kernel.Config(mosaic=_mosaic.Blocks(16, 16), interpret="mosaic")
 VARIANTS = pytest.mark.parametrize("config", [SMALL, SMALL_TPU], ids=["triton", "mosaic"])
@@ -326,7 +326,11 @@ def test_lowers(platform, dtype, B, n, m, d, dv, mask):
 
 # --- on a GPU: the compiled kernel ---------------------------------------------------------------
 
-gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+
+def gpu(test):
+    """A test that runs on a GPU only: the GPU command's first step selects these by marker."""
+    on_gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+    return pytest.mark.accelerator(on_gpu(test))
 
 
 @gpu

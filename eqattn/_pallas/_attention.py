@@ -21,6 +21,9 @@ import functools as ft
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.core import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
 from . import _mosaic, _tile, _triton
 
@@ -58,10 +61,14 @@ class _Layout:
     dv: int
 
     @classmethod
-    def of(cls, name: str, config: Config, q, v):
+    def of(cls, name: str, config: Config, q, v, interpret: bool):
         (_, n, d), (_, m, dv) = q.shape, v.shape
         kernels = _KERNELS[name]
-        blocks = getattr(config, name) or kernels.default_blocks(n, m, d, dv, q.dtype)
+        blocks = getattr(config, name)
+        if blocks is None:
+            blocks = kernels.default_blocks(n, m, d, dv, q.dtype, compiled=not interpret)
+        if blocks is None:
+            raise _Refused(kernels.refusal(d, dv, q.dtype))
         return cls(kernels, blocks, n, m, d, dv)
 
     @property
@@ -101,7 +108,7 @@ def _compute_dtype(dtype):
 
 
 def _forward_with(name, config, q, k, v, beta, mask, *, interpret):
-    lay = _Layout.of(name, config, q, v)
+    lay = _Layout.of(name, config, q, v, interpret)
     dtype = _compute_dtype(q.dtype)
     qp, kp, vp, mp = lay.inputs(q, k, v, mask)
     out, lse = lay.kernels.forward(
@@ -113,7 +120,7 @@ def _forward_with(name, config, q, k, v, beta, mask, *, interpret):
 
 
 def _backward_with(name, config, q, k, v, beta, mask, g_out, lse2, delta, *, interpret):
-    lay = _Layout.of(name, config, q, v)
+    lay = _Layout.of(name, config, q, v, interpret)
     dtype = lse2.dtype
     qp, kp, vp, mp = lay.inputs(q, k, v, mask)
     do = None if vp is None else _pad(_pad(g_out, 1, lay.N), 2, vp.shape[2])
@@ -125,13 +132,47 @@ def _backward_with(name, config, q, k, v, beta, mask, g_out, lse2, delta, *, int
     return dq[:, : lay.n, : lay.d], dk[:, : lay.m, : lay.d], dv, dbeta
 
 
+class _Refused(Exception):
+    """A configuration the compiled kernels do not take (its message says why)."""
+
+
+_refused_p = Primitive("eqattn_pallas_refused")
+_refused_p.multiple_results = True
+_refused_p.def_abstract_eval(lambda *args, outs, message: outs)
+
+
+def _refuse_lowering(ctx, *args, outs, message):
+    raise ValueError(message)
+
+
+mlir.register_lowering(_refused_p, _refuse_lowering)
+
+
+def _compiled(fn, name, config):
+    """`fn` with the real kernels; a configuration they refuse becomes an error raised when the
+    program is lowered for that platform (before its compiler runs), not when it is traced:
+    every platform's branch is traced, and on other platforms this one is never compiled."""
+
+    def branch(*args):
+        try:
+            return fn(name, config, *args, interpret=False)
+        except _Refused as e:
+            outs = jax.eval_shape(ft.partial(fn, name, config, interpret=True), *args)
+            flat, tree = jax.tree.flatten(outs)
+            avals = tuple(ShapedArray(o.shape, o.dtype) for o in flat)
+            arrays = [a for a in args if a is not None]
+            return jax.tree.unflatten(tree, _refused_p.bind(*arrays, outs=avals, message=str(e)))
+
+    return branch
+
+
 def _run(fn, config, *args):
     """`fn(kernels, config, *args, interpret=...)` for the platform being compiled for."""
     return lax.platform_dependent(
         *args,
         cpu=ft.partial(fn, config.interpret, config, interpret=True),
-        cuda=ft.partial(fn, "triton", config, interpret=False),
-        tpu=ft.partial(fn, "mosaic", config, interpret=False),
+        cuda=_compiled(fn, "triton", config),
+        tpu=_compiled(fn, "mosaic", config),
     )
 
 
@@ -160,6 +201,24 @@ def _forward(q, k, v, beta, mask, config):
     if n == 0 or m == 0:
         return jnp.zeros((B, n, dv), v.dtype), jnp.full((B, n), -jnp.inf, dtype)
     return _first_order(ft.partial(_run, _forward_with, config))(q, k, v, beta, mask)
+
+
+def forward(q, k, v, beta, mask, config: Config = Config()):
+    """`(out, lse)` in the compute dtype (at least float32) by the fused kernels, for callers
+    with a VJP of their own (ring attention): the core's `forward` contract."""
+    out, lse = _forward(q, k, v, beta, mask, config)
+    return out.astype(lse.dtype), lse
+
+
+def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, config: Config = Config()):
+    r"""`(dq, dk, dv, dbeta)` in `dtype` of one set of keys by the fused kernels, the weights
+    recomputed from the `lse` over all keys (then these are this set's shares) and
+    $\delta = \sum g_o \odot o$: the core's `backward` contract."""
+    row = delta.astype(dtype) - g_lse.astype(dtype)
+    lse2 = jnp.where(jnp.isfinite(lse), lse.astype(dtype) * _tile.LOG2E, 0.0)
+    run = _first_order(ft.partial(_run, _backward_with, config))
+    grads = run(q, k, v, beta, mask, g_out.astype(v.dtype), lse2, row)
+    return tuple(g.astype(dtype) for g in grads)
 
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -6,7 +6,7 @@ accumulators live in VMEM scratch between grid steps (the layout of jax's own TP
 attention). Grids: forward and `dq` over (batch element, query block, key block), `dk, dv` over
 (batch element, key block, query block).
 
-TPU layouts: blocks of 128 queries and 128 keys (or the whole, smaller, padded size); per-row
+TPU layouts: blocks from `default_blocks`'s table (or the whole, smaller, padded size); per-row
 statistics as `[rows, 128]` with the value repeated along the lanes, so the log-sum-exp comes out,
 and the backward's row vectors go in, as `[B, N, 128]` (the wrapper takes lane 0); `beta` in SMEM.
 The tile math is `_tile`'s, the same as on GPUs.
@@ -40,10 +40,22 @@ class Blocks:
         return self.block_q, self.block_k
 
 
-def default_blocks(n: int, m: int, d: int, dv: int, dtype) -> Blocks:
-    """Blocks of 128 queries and 128 keys, or the whole (padded) sizes below that."""
-    del d, dv, dtype
-    return Blocks(min(128, _tile.pow2(n)), min(128, _tile.pow2(m)))
+# Blocks per (dtype, padded head size D), chosen by `python -m benchmarks compile --sweep
+# --target v5e` (results in `benchmarks/results/compile-sweep-v5e.json`): of the blocks of
+# 128, 256 and 512 queries and keys compiled by Mosaic for a v5e, the largest (queries x keys)
+# whose every kernel needs at most a quarter of the scoped VMEM of the generations with the
+# least (16 MiB: v4, v5e), so one table serves every generation and leaves room for XLA's own
+# scoped buffers. Compiling tells VMEM, not speed: these blocks are not timed.
+_TABLE = {("float32", 256): Blocks(512, 256), ("bfloat16", 256): Blocks(256, 512)}
+_LARGEST = Blocks(512, 512)
+
+
+def default_blocks(n: int, m: int, d: int, dv: int, dtype, *, compiled: bool = True) -> Blocks:
+    """The table's blocks for these sizes, or the whole (padded) sizes below them."""
+    del compiled  # every configuration has blocks within VMEM
+    width = _tile.pow2(max(d, dv))
+    blocks = _TABLE.get((jnp.dtype(dtype).name, width), _LARGEST)
+    return Blocks(min(blocks.block_q, _tile.pow2(n)), min(blocks.block_k, _tile.pow2(m)))
 
 
 def _params():

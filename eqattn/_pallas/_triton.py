@@ -35,45 +35,95 @@ _MAX_MINOR_GRID = 65535
 
 
 @dataclasses.dataclass(frozen=True)
-class Blocks:
-    """Tile sizes (powers of two, at least 16) and launch parameters of the three kernels."""
+class Tile:
+    """One kernel's tile and launch: `block_q` queries x `block_k` keys (powers of two, at least
+    16), `num_warps` warps and `num_stages` software-pipeline stages."""
 
-    block_q: int = 128
-    block_k: int = 64
-    block_q_bwd: int = 64
-    block_k_bwd: int = 64
+    block_q: int
+    block_k: int
     num_warps: int = 4
-    num_warps_bwd: int = 4
     num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The three kernels' tiles: the forward, the `dk, dv` kernel (a program per key block) and
+    the `dq` kernel (a program per query block)."""
+
+    forward: Tile = Tile(128, 64)
+    dkdv: Tile = Tile(64, 64)
+    dq: Tile = Tile(64, 64)
+
+    @classmethod
+    def uniform(cls, block_q: int, block_k: int, num_warps: int = 4, num_stages: int = 2):
+        """The same tile for all three kernels."""
+        tile = Tile(block_q, block_k, num_warps, num_stages)
+        return cls(tile, tile, tile)
 
     @property
     def multiples(self) -> tuple[int, int]:
         """What the numbers of queries and keys are padded to."""
-        return max(self.block_q, self.block_q_bwd), max(self.block_k, self.block_k_bwd)
+        tiles = (self.forward, self.dkdv, self.dq)
+        return max(t.block_q for t in tiles), max(t.block_k for t in tiles)
 
 
-def _rows_for(budget_bytes: int, width: int, itemsize: int, cap: int) -> int:
-    """The most rows (a power of two in [16, cap]) of a `[rows, width]` tile within a budget."""
-    rows = budget_bytes // (width * itemsize)
-    return max(16, min(cap, 1 << max(0, rows.bit_length() - 1)))
+# The message of a refusal (see `refusal`), which the compile check recognises.
+REFUSAL = "has no spill-free tiling"
+
+# Tiles per (dtype, padded head size D) for the H100 (sm_90a), chosen by
+# `python -m benchmarks compile --sweep --target h100` (results in
+# `benchmarks/results/compile-sweep-h100.json`, 8 x 4,096 queries and keys): 54 forward tiles
+# and 64 backward tiles (16 to 128 queries x keys, 4 or 8 warps, 1 to 3 stages) of each kernel
+# compiled by ptxas for sm_90a, and for each kernel the chosen tile is, in order: free of
+# register spills; one whose PTX has Hopper's warpgroup MMA (wgmma) if a spill-free one does;
+# the one with the most resident warps per SM (occupancy, from its registers, shared memory and
+# threads); the largest (queries x keys); the fewest warps, then stages. Every entry has a
+# spill-free tile today; None would mark a (dtype, D) without one, refused before compiling
+# (`refusal`). The compiler reports resources, not speed: these tiles are not timed (the `kernel`
+# suite times alternatives on a GPU).
+_H100: dict[tuple[str, int], Blocks | None] = {
+    ("float32", 16): Blocks(Tile(128, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
+    ("float32", 32): Blocks(Tile(64, 32, 8, 1), Tile(16, 128, 8, 1), Tile(64, 16, 8, 1)),
+    ("float32", 64): Blocks(Tile(64, 64, 8, 1), Tile(128, 64, 8, 1), Tile(64, 16, 8, 2)),
+    ("float32", 128): Blocks(Tile(64, 128, 8, 1), Tile(16, 64, 8, 1), Tile(64, 32, 8, 1)),
+    ("float32", 256): Blocks(Tile(32, 128, 8, 1), Tile(16, 16, 8, 1), Tile(16, 64, 8, 1)),
+    ("bfloat16", 16): Blocks(Tile(64, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
+    ("bfloat16", 32): Blocks(Tile(128, 32, 8, 1), Tile(64, 16, 4, 1), Tile(128, 16, 8, 1)),
+    ("bfloat16", 64): Blocks(Tile(64, 32, 8, 1), Tile(128, 16, 8, 2), Tile(64, 16, 8, 1)),
+    ("bfloat16", 128): Blocks(Tile(64, 64, 8, 1), Tile(64, 32, 8, 1), Tile(64, 32, 8, 2)),
+    ("bfloat16", 256): Blocks(Tile(64, 128, 8, 1), Tile(128, 64, 8, 1), Tile(64, 64, 8, 2)),
+    ("float16", 16): Blocks(Tile(64, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
+    ("float16", 32): Blocks(Tile(128, 32, 8, 1), Tile(64, 16, 4, 1), Tile(128, 16, 8, 1)),
+    ("float16", 64): Blocks(Tile(64, 32, 8, 1), Tile(128, 16, 8, 2), Tile(64, 16, 8, 1)),
+    ("float16", 128): Blocks(Tile(64, 64, 8, 1), Tile(64, 32, 8, 1), Tile(64, 32, 8, 2)),
+    ("float16", 256): Blocks(Tile(64, 128, 8, 1), Tile(128, 64, 8, 1), Tile(64, 64, 8, 2)),
+}
 
 
-def default_blocks(n: int, m: int, d: int, dv: int, dtype) -> Blocks:
-    """FlashAttention-2's tile shapes (128 queries x 64 keys forward, 64 x 64 backward) for
-    heads up to 64 features of 2 bytes, shrunk so that a query tile stays within 32 KB and a key
-    tile within 16 KB as heads widen (wide tiles spill registers and shared memory), and no
-    larger than the padded sizes themselves. Not yet tuned on a GPU."""
-    width, size = _tile.pow2(max(d, dv)), jnp.dtype(dtype).itemsize
+def default_blocks(n: int, m: int, d: int, dv: int, dtype, *, compiled: bool = True):
+    """The tiles for these sizes from the H100 table (no larger than the padded sizes), or None
+    where no tiling is spill-free and the kernels are `compiled` (interpreted, on CPU, any tile
+    runs). Other NVIDIA GPUs take the same tiles until measured."""
+    width = _tile.pow2(max(d, dv))
+    blocks = _H100.get((jnp.dtype(dtype).name, width), Blocks())
+    if blocks is None:
+        if compiled:
+            return None
+        blocks = Blocks()
     nq, nk = _tile.pow2(n), _tile.pow2(m)
-    warps = 4 if width * size <= 128 else 8
-    return Blocks(
-        block_q=min(nq, _rows_for(32 << 10, width, size, 128)),
-        block_k=min(nk, _rows_for(16 << 10, width, size, 64)),
-        block_q_bwd=min(nq, _rows_for(16 << 10, width, size, 64)),
-        block_k_bwd=min(nk, _rows_for(16 << 10, width, size, 64)),
-        num_warps=warps,
-        num_warps_bwd=warps,
-        num_stages=2,
+
+    def clamp(t: Tile) -> Tile:
+        return dataclasses.replace(t, block_q=min(t.block_q, nq), block_k=min(t.block_k, nk))
+
+    return Blocks(clamp(blocks.forward), clamp(blocks.dkdv), clamp(blocks.dq))
+
+
+def refusal(d: int, dv: int, dtype) -> str:
+    """Why a configuration without a spill-free tiling is not compiled."""
+    return (
+        f"implementation='pallas' {REFUSAL} for {jnp.dtype(dtype).name} inputs with head sizes "
+        f"d = {d}, dv = {dv} on NVIDIA GPUs (ptxas spills registers in every tiling tried); use "
+        "implementation='chunked' (or 'xla'), or bfloat16/float16 inputs."
     )
 
 
@@ -245,17 +295,22 @@ def _per_query(mask) -> bool:
     return mask is not None and mask.shape[1] != 1
 
 
+def _params(tile: Tile):
+    return plgpu.CompilerParams(num_warps=tile.num_warps, num_stages=tile.num_stages)
+
+
 def forward(q, k, v, beta, mask, *, blocks: Blocks, m_real, dtype, interpret: bool):
     """`(out [B, N, Dv] or None, lse [B, N])` of padded inputs (`v` None: the log-sum-exp only)."""
     B, N, D = q.shape
     M = k.shape[1]
-    bq = blocks.block_q
+    tile = blocks.forward
+    bq = tile.block_q
     grid = _Grid(N // bq, B)
     Dv = None if v is None else v.shape[2]
     return pl.pallas_call(
         ft.partial(
             _forward_kernel,
-            block_k=blocks.block_k,
+            block_k=tile.block_k,
             m_real=m_real,
             per_query=_per_query(mask),
             dtype=dtype,
@@ -273,9 +328,7 @@ def forward(q, k, v, beta, mask, *, blocks: Blocks, m_real, dtype, interpret: bo
             None if v is None else jax.ShapeDtypeStruct((B, N, Dv), v.dtype),
             jax.ShapeDtypeStruct((B, N), dtype),
         ],
-        compiler_params=plgpu.CompilerParams(
-            num_warps=blocks.num_warps, num_stages=blocks.num_stages
-        ),
+        compiler_params=_params(tile),
         interpret=interpret,
         name="eqattn_attention_forward",
     )(beta, q, k, v, mask)
@@ -286,59 +339,64 @@ def backward(q, k, v, beta, mask, do, lse2, delta, *, blocks: Blocks, m_real, dt
     -inf replaced by 0 and `delta` the row term (both `[B, N]`, padded with 0)."""
     B, N, D = q.shape
     M = k.shape[1]
-    bq, bk = blocks.block_q_bwd, blocks.block_k_bwd
     Dv = None if v is None else v.shape[2]
-    params = plgpu.CompilerParams(num_warps=blocks.num_warps_bwd, num_stages=blocks.num_stages)
     per_query = _per_query(mask)
     args = (beta, q, k, v, mask, do, lse2, delta)
 
-    def in_specs(grid, query_block: bool):
+    def in_specs(grid, query_block: int | None, key_block: int | None):
         """A block of queries and all keys, or a block of keys and all queries."""
-        if query_block:
-            queries, keys, nq, nk = grid.blocked, grid.whole, bq, M
+        if query_block is not None:
+            queries, keys, nq, nk = grid.blocked, grid.whole, query_block, M
         else:
-            queries, keys, nq, nk = grid.whole, grid.blocked, N, bk
+            queries, keys, nq, nk = grid.whole, grid.blocked, N, key_block
         return [
             grid.whole(()),
             queries((nq, D)),
             keys((nk, D)),
             None if v is None else keys((nk, Dv)),
-            grid.mask(mask, bq, None) if query_block else grid.mask(mask, None, bk),
+            grid.mask(mask, query_block, key_block),
             None if v is None else queries((nq, Dv)),
             queries((nq,)),
             queries((nq,)),
         ]
 
-    grid = _Grid(M // bk, B)
+    tile = blocks.dkdv
+    grid = _Grid(M // tile.block_k, B)
     dk, dv = pl.pallas_call(
         ft.partial(
             _dkdv_kernel,
-            block_q=bq,
+            block_q=tile.block_q,
             block_axis=grid.block_axis,
             m_real=m_real,
             per_query=per_query,
             dtype=dtype,
         ),
         grid=grid.shape,
-        in_specs=in_specs(grid, query_block=False),
-        out_specs=[grid.blocked((bk, D)), None if v is None else grid.blocked((bk, Dv))],
+        in_specs=in_specs(grid, None, tile.block_k),
+        out_specs=[
+            grid.blocked((tile.block_k, D)),
+            None if v is None else grid.blocked((tile.block_k, Dv)),
+        ],
         out_shape=[
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             None if v is None else jax.ShapeDtypeStruct(v.shape, v.dtype),
         ],
-        compiler_params=params,
+        compiler_params=_params(tile),
         interpret=interpret,
         name="eqattn_attention_dkdv",
     )(*args)
 
-    grid = _Grid(N // bq, B)
+    tile = blocks.dq
+    grid = _Grid(N // tile.block_q, B)
     dq, dbeta = pl.pallas_call(
-        ft.partial(_dq_kernel, block_k=bk, m_real=m_real, per_query=per_query, dtype=dtype),
+        ft.partial(
+            _dq_kernel, block_k=tile.block_k, m_real=m_real, per_query=per_query, dtype=dtype
+        ),
         grid=grid.shape,
-        in_specs=in_specs(grid, query_block=True),
-        out_specs=[grid.blocked((bq, D)), grid.blocked((bq,))],
+        in_specs=in_specs(grid, tile.block_q, None),
+        out_specs=[grid.blocked((tile.block_q, D)), grid.blocked((tile.block_q,))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N), dtype)],
-        compiler_params=params,
+        compiler_params=_params(tile),
         interpret=interpret,
         name="eqattn_attention_dq",
     )(*args)
