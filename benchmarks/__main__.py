@@ -1,9 +1,14 @@
-"""`python -m benchmarks [SUITE ...] [--quick] [--out DIR]`: run suites, print, write JSON."""
+"""`python -m benchmarks [SUITE ...] [--quick] [--short] [--out DIR]`: run suites, print, write
+JSON. `python -m benchmarks compile ...` compiles for accelerators with no device (see
+`benchmarks.compile`); `python -m benchmarks gpu ...` is the one command for a lent GPU (see
+`benchmarks.gpu`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import sys
 from pathlib import Path
 
 from ._harness import device_description, write_results
@@ -11,7 +16,14 @@ from ._harness import device_description, write_results
 SUITES = ("core", "kernel", "deq", "training", "memory", "layers", "scaling", "ring", "closure")
 
 
+# Commands with options of their own: `python -m benchmarks compile ...`, `... gpu ...`.
+COMMANDS = ("compile", "gpu")
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        sys.exit(importlib.import_module(f"benchmarks.{argv[0]}").main(argv[1:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument(
         "suites",
@@ -21,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
         help=f"suites to run (default: all of {', '.join(SUITES)})",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, a few repeats")
+    parser.add_argument(
+        "--short", action="store_true", help="the suites that have it (training): fewer cases"
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -33,8 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     for suite in args.suites or SUITES:
         print(f"\n== {suite} ==")
         module = importlib.import_module(f"benchmarks.{suite}")
-        rows, extra = module.run(quick=args.quick)
-        name = f"{suite}-quick" if args.quick else suite
+        options = {"quick": args.quick}
+        if args.short and "short" in inspect.signature(module.run).parameters:
+            options["short"] = True
+        rows, extra = module.run(**options)
+        name = f"{suite}-quick" if args.quick else f"{suite}-short" if "short" in options else suite
         print(f"wrote {write_results(args.out, name, rows, extra)}")
 
 

@@ -43,8 +43,10 @@ def _chunk(n: int) -> int:
     return 1024 if n >= 4096 else n // 4
 
 
-def _core_cases(n: int):
-    """name: forward+backward function."""
+def core_cases(n: int, platform: str | None = None):
+    """name: forward+backward function, for the default backend or the `platform` compiled for
+    ("cpu", "cuda", "gpu" or "tpu")."""
+    platform = jax.default_backend() if platform is None else platform
 
     def dense(q, k, v):
         t = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, n, h, d] layout
@@ -68,7 +70,7 @@ def _core_cases(n: int):
         "eqattn-single-pass": _grad(ours("xla", tiling=eqattn.Tiling(min_logits=1 << 62))),
         "eqattn-chunked": _grad(ours("chunked", _chunk(n))),
     }
-    if jax.default_backend() == "cpu":
+    if platform == "cpu":
         cases["eqattn-cpu-tiles"] = _grad(ours("xla"))
     else:  # eqattn's fused kernel (on CPU it would be interpreted: not a memory figure)
         cases["eqattn-pallas"] = _grad(ours("pallas"))
@@ -86,7 +88,7 @@ def _core_memory(sizes):
     rows = []
     for n in sizes:
         args = [jax.ShapeDtypeStruct((1, BH, n, DIM), jnp.float32)] * 4
-        for name, fn in _core_cases(n).items():
+        for name, fn in core_cases(n).items():
             temp, compile_s = _temp_bytes(fn, *args)
             rows.append(
                 {
@@ -110,7 +112,7 @@ def _core_memory(sizes):
 def _core_time(n, repeats):
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, c = (jax.random.normal(key, (1, BH, n, DIM), jnp.float32) for key in keys)
-    cases = {name: (fn, q, k, v, c) for name, fn in _core_cases(n).items()}
+    cases = {name: (fn, q, k, v, c) for name, fn in core_cases(n).items()}
     timings = time_interleaved(cases, repeats=repeats)
     rows = []
     for name, t in timings.items():

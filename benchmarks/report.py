@@ -12,11 +12,19 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def _load(results: Path, suite: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(results.glob(f"{suite}-*.json"))]
+    paths = sorted(results.glob(f"{suite}-*.json"))
+    if suite == "compile":  # the tile sweeps are the tables' sources, not tables
+        paths = [p for p in paths if not p.name.startswith("compile-sweep")]
+    return [json.loads(p.read_text()) for p in paths]
 
 
 def _source(payload) -> str:
     dev, v = payload["device"], payload["versions"]
+    if payload["suite"] == "compile":
+        return (
+            f"{dev['description']}, compiled with no device (not run), jax {v.get('jax')}, "
+            f"{payload['date'][:10]}, commit {payload.get('git_commit')}"
+        )
     return (
         f"{dev['device_kind']} ({dev['platform']}), jax {v.get('jax')}, {payload['date'][:10]}, "
         f"commit {payload.get('git_commit')}"
@@ -380,7 +388,97 @@ def closure(payload) -> str:
     )
 
 
+def _kernel_cells(rows, gpu: bool) -> list[str]:
+    """Per kernel (forward, dk/dv, dq): the worst figures over the configurations."""
+    cells = []
+    for name in ("forward", "dkdv", "dq"):
+        ks = [r["kernels"].get(f"eqattn_attention_{name}") for r in rows if r["compiled"]]
+        ks = [k for k in ks if k]
+        if not ks:
+            cells.append("")
+        elif gpu:
+            mma = "/".join(sorted({k.get("mma", "?") for k in ks}))
+            regs = max(k.get("registers", 0) for k in ks)
+            smem = max(k.get("shared_bytes", 0) for k in ks) / 1024
+            blocks = min(k.get("blocks_per_sm", 0) for k in ks)
+            cells.append(f"{regs} r, {smem:.0f} KB, {mma}, {blocks} b/SM")
+        else:
+            cells.append(f"{max(k['vmem_bytes'] for k in ks) / 2**20:.2f} MiB")
+    return cells
+
+
+def compile_table(payload) -> str:
+    """Per dtype and d: configurations compiled, refused, failed; the kernels' worst resources;
+    then the whole programs."""
+    gpu = payload["device"]["platform"] == "cuda"
+    rows = payload["rows"]
+    out = []
+    for key in dict.fromkeys((r["dtype"], r["d"]) for r in rows):
+        case = [r for r in rows if (r["dtype"], r["d"]) == key]
+        spills = max(
+            (
+                k.get("spill_stores", 0)
+                for r in case
+                if r["compiled"]
+                for k in r["kernels"].values()
+            ),
+            default=0,
+        )
+        out.append(
+            [
+                *key,
+                f"{sum(r['compiled'] for r in case)} / {len(case)}",
+                sum(bool(r.get("refused")) for r in case),
+                sum(bool(r["problems"]) for r in case),
+                *([spills] if gpu else []),
+                *_kernel_cells(case, gpu),
+            ]
+        )
+    resource = "registers, shared memory, MMA, blocks/SM" if gpu else "scoped VMEM"
+    header = ["dtype", "d", "compiled", "refused", "failing the check"]
+    header += ["spill bytes"] if gpu else []
+    header += [f"forward: {resource}", "dk, dv", "dq"]
+    text = _table(header, out)
+    limit = payload["device"].get("vmem_limit")
+    shapes = sorted({(r["n"], r["m"], r["mask"]) for r in rows})
+    text += (
+        f"\n\nConfigurations per dtype and d: {len(shapes)} shapes and masks "
+        f"({'; '.join(f'{n} x {m} {mask}' for n, m, mask in shapes)}) x "
+        f"{len({r['pass'] for r in rows})} programs ({', '.join(sorted({r['pass'] for r in rows}))})"
+        + (f"; scoped VMEM limit {limit / 2**20:.0f} MiB." if limit else ".")
+    )
+    programs = payload.get("programs", [])
+    if programs:
+        text += "\n\n" + _table(
+            ["program", "compiled", "temporaries MB", "of XLA dense", "attention", "permutes"],
+            [
+                [
+                    r["case"],
+                    "yes" if r["compiled"] else "no",
+                    f"{r['temp_bytes'] / 2**20:.1f}" if r["compiled"] else "",
+                    f"{r['of_dense']:.2%}" if "of_dense" in r else "",
+                    (
+                        "cuDNN"
+                        if r.get("cudnn")
+                        else "fused kernel"
+                        if r.get("pallas_kernels")
+                        else "XLA"
+                    )
+                    if r["compiled"]
+                    else "",
+                    r.get("collective_permutes", ""),
+                ]
+                for r in programs
+            ],
+        )
+    control = payload["negative_control"]
+    verdict = "judged a failure" if control["problems"] else "NOT judged a failure"
+    text += f"\n\nNegative control (an oversized tiling): {verdict}: {control['problems'][0][:160] if control['problems'] else ''}"
+    return text
+
+
 SECTIONS = {
+    "compile": compile_table,
     "core": core,
     "kernel": kernel,
     "training": training,
@@ -412,6 +510,8 @@ def main(argv: list[str] | None = None) -> None:
                 skipped += 1
                 continue
             mark = " (--quick: tiny sizes, not for comparison)" if quick else ""
+            if payload["suite"].endswith("-short"):
+                mark = " (--short: fewer cases and seeds)"
             print(f"### {suite}: {_source(payload)}{mark}\n")
             print(SECTIONS[suite](payload) + "\n")
             printed += 1

@@ -1,0 +1,172 @@
+"""The tile sweep behind `eqattn._pallas`'s tile tables (`python -m benchmarks compile --sweep`).
+
+For each dtype and padded head size D, every candidate tiling of the Triton kernels is compiled
+for the H100 (forward tilings in a forward program; backward tilings in a gradient program with
+a fixed small forward), and the Mosaic kernels' blocks for a TPU, recording each kernel's
+resources. The compiler reports resources, not speed: the choice made from this (`choose`) is
+zero spills first, then wgmma, then the most resident blocks per SM, then the largest tiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+
+from eqattn._pallas import _attention, _mosaic, _triton
+
+from . import _deviceless
+
+DTYPES = {"cuda": ("float32", "bfloat16", "float16"), "tpu": ("float32", "bfloat16")}
+WIDTHS = (16, 32, 64, 128, 256)
+BATCH, SIZE = 8, 4096
+# A forward tile small enough for any width, fixed while backward tiles are swept.
+_SMALL_FORWARD = _triton.Tile(32, 32, 4, 1)
+
+
+def triton_candidates():
+    """`(pass, Blocks)` pairs: forward tiles, and backward tiles (the same for `dk, dv` and `dq`,
+    which compile as kernels of their own and are chosen independently)."""
+    Tile, Blocks = _triton.Tile, _triton.Blocks
+    for bq, bk, w, s in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (1, 2, 3)):
+        tile = Tile(bq, bk, w, s)
+        yield "forward", Blocks(tile, tile, tile)
+    for bq, bk, w, s in itertools.product((16, 32, 64, 128), (16, 32, 64, 128), (4, 8), (1, 2)):
+        tile = Tile(bq, bk, w, s)
+        yield "backward", Blocks(_SMALL_FORWARD, tile, tile)
+
+
+def mosaic_candidates():
+    for bq, bk in itertools.product((128, 256, 512), (128, 256, 512)):
+        yield "both", _mosaic.Blocks(bq, bk)
+
+
+def _program(mode: str, config: _attention.Config):
+    def forward(q, k, v, beta):
+        return _attention.attention_core(q, k, v, beta, None, config)
+
+    def loss(q, k, v, beta):
+        out, lse = _attention.attention_core(q, k, v, beta, None, config)
+        return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse.astype(jnp.float32))
+
+    return forward if mode == "forward" else jax.grad(loss, argnums=(0, 1, 2))
+
+
+def run(target: _deviceless.Target) -> list[dict]:
+    sharding = _deviceless.one_device_sharding(target)
+    rows = []
+    cuda = target.platform == "cuda"
+    for dtype, d in itertools.product(DTYPES[target.platform], WIDTHS):
+
+        def spec(shape, dt=dtype):
+            return jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sharding)
+
+        args = [spec((BATCH, SIZE, d)) for _ in range(3)] + [spec((BATCH,), "float32")]
+        for mode, blocks in triton_candidates() if cuda else mosaic_candidates():
+            config = _attention.Config(**{"triton" if cuda else "mosaic": blocks})
+            program = _program("forward" if mode == "forward" else "gradient", config)
+            result = _deviceless.compile_program(target, program, args)
+            rows.append(slim({"dtype": dtype, "d": d, "pass": mode, **_tiles(blocks), **result}))
+            print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def slim(row: dict) -> dict:
+    """A sweep row as stored: a backward row without its fixed forward kernel, times to the
+    millisecond, errors to their first 200 characters (thousands of rows)."""
+    row = dict(row)
+    if row["pass"] == "backward":
+        row["kernels"] = {
+            k: v for k, v in row.get("kernels", {}).items() if k != "eqattn_attention_forward"
+        }
+    row["compile_s"] = round(row["compile_s"], 3)
+    if "error" in row:
+        row["error"] = row["error"][:200]
+    for k in row.get("kernels", {}).values():
+        k.pop("stack_bytes", None)
+    return row
+
+
+def _tiles(blocks) -> dict:
+    if isinstance(blocks, _mosaic.Blocks):
+        return {"blocks": dataclasses.asdict(blocks)}
+    tile = blocks.forward if blocks.forward == blocks.dkdv else blocks.dkdv
+    return {"tile": dataclasses.asdict(tile)}
+
+
+def _line(row) -> str:
+    b = row.get("tile") or row.get("blocks")
+    head = f"{row['dtype']:>8} d={row['d']:<3} {row['pass']:<8} {b}"
+    if not row["compiled"]:
+        return f"{head}: {row['error'][:100]}"
+    return f"{head}: " + "; ".join(
+        f"{name[17:]} {k.get('registers')}r {k.get('spill_stores')}s {k.get('mma')} "
+        f"{k.get('blocks_per_sm')}b {k.get('vmem_bytes')}"
+        for name, k in sorted(row["kernels"].items())
+    )
+
+
+# --- the choice ----------------------------------------------------------------------------------
+
+KERNELS = {"forward": "forward", "dkdv": "backward", "dq": "backward"}
+
+
+def _rank(k: dict, tile: dict):
+    """Larger is better: spill-free, wgmma, occupancy (resident warps per SM), tile size, then
+    fewer warps and stages."""
+    occupancy = k["blocks_per_sm"] * tile["num_warps"]
+    spill_free = k["spill_stores"] == 0 and k["spill_loads"] == 0
+    size = tile["block_q"] * tile["block_k"]
+    return (
+        spill_free,
+        k["mma"] == "wgmma",
+        occupancy,
+        size,
+        -tile["num_warps"],
+        -tile["num_stages"],
+    )
+
+
+def choose_triton(rows: list[dict]) -> dict[tuple[str, int], dict[str, dict] | None]:
+    """Per (dtype, D) and kernel, the best tile of a sweep (see `_rank`); None for a (dtype, D)
+    where some kernel has no spill-free tile."""
+    table: dict = {}
+    for key in dict.fromkeys((r["dtype"], r["d"]) for r in rows):
+        chosen = {}
+        for kernel, mode in KERNELS.items():
+            name = f"eqattn_attention_{kernel}"
+            found = [
+                (_rank(r["kernels"][name], r["tile"]), r["tile"])
+                for r in rows
+                if (r["dtype"], r["d"]) == key
+                and r["pass"] == mode
+                and r["compiled"]
+                and "registers" in r["kernels"].get(name, {})
+            ]
+            best = max(found, key=lambda f: f[0], default=None)
+            chosen[kernel] = best[1] if best and best[0][0] else None
+        table[key] = None if None in chosen.values() else chosen
+    return table
+
+
+# One table for every TPU generation: within this share of the least scoped VMEM (v4, v5e).
+MOSAIC_BUDGET = (16 << 20) // 4
+
+
+def choose_mosaic(rows: list[dict]) -> dict[tuple[str, int], dict]:
+    """Per (dtype, D), the largest blocks (queries x keys) whose every kernel's scoped VMEM is
+    within `MOSAIC_BUDGET`, the least VMEM among equals."""
+    table = {}
+    for key in dict.fromkeys((r["dtype"], r["d"]) for r in rows):
+        found = []
+        for r in rows:
+            if (r["dtype"], r["d"]) != key or not r["compiled"]:
+                continue
+            vmem = max(k["vmem_bytes"] for k in r["kernels"].values())
+            if vmem <= MOSAIC_BUDGET:
+                b = r["blocks"]
+                found.append(((b["block_q"] * b["block_k"], -vmem), b))
+        table[key] = max(found, key=lambda f: f[0])[1]
+    return table

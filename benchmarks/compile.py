@@ -1,0 +1,478 @@
+"""`compile`: eqattn's fused kernel compiled for accelerators this host does not have.
+
+`python -m benchmarks compile [--target h100 v5e v6e v5p v4] [--check] [--sweep] [--out DIR]`
+
+Needs the compilers: `pip install -e ".[compile]"` (`jax[cuda12]` at the installed jax version,
+and the `libtpu` that jax's `tpu` extra pins). Each target compiles in a process of its own (two
+at a time); see `_deviceless` for how, and what is read from the compilers.
+
+- Default: every configuration, the fused kernel's forward and gradient programs through the
+  public API (`eqattn.attention_with_lse(..., implementation="pallas")`) for each dtype the
+  target takes, d = 32, 64, 128, 256, with no mask, a key-padding mask and a dense causal mask at
+  n = m = 4096 (batch 1, 8 heads), and a ragged 1000 x 3000; writes
+  `compile-<target>.json` under `--out` (default `benchmarks/results`).
+- `--check`: the gradient programs only (they hold all three kernels), then the verdict: any
+  compile error, any register spill, a kernel the report does not describe, or VMEM over the
+  generation's limit fails it (exit status 1); a configuration eqattn refuses before compiling
+  passes only where the tile tables say none is spill-free (d = 256 at most). A negative control
+  runs every time: an oversized tiling must be judged a failure, or the check itself fails.
+  Writes results only with `--out`.
+- `--sweep`: the tile sweep behind the tile tables (`_sweep`), to `compile-sweep-<target>.json`.
+
+The compiler reports resources (registers, spills, shared memory, VMEM, compiled temporaries),
+never speed: nothing here is a timing of the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import importlib.metadata as md
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import _deviceless
+
+RESULTS = Path(__file__).parent / "results"
+DTYPES = {"cuda": ("float32", "bfloat16", "float16"), "tpu": ("float32", "bfloat16")}
+WIDTHS = (32, 64, 128, 256)
+HEADS = 8
+SQUARE, RAGGED = (4096, 4096), (1000, 3000)
+MASKS = ("none", "key padding", "causal")
+CHECKED = ("h100", "v5e", "v6e")
+
+
+def cases(platform: str, check: bool) -> list[dict]:
+    """The configurations compiled for a target of `platform`."""
+    passes = ("gradient",) if check else ("forward", "gradient")
+    shapes = [(*SQUARE, mask) for mask in MASKS] + [(*RAGGED, "none")]
+    return [
+        {"dtype": dtype, "d": d, "n": n, "m": m, "mask": mask, "pass": p}
+        for dtype in DTYPES[platform]
+        for d in WIDTHS
+        for n, m, mask in shapes
+        for p in passes
+    ]
+
+
+def _program(case: dict, sharding):
+    """`(function, argument specs)` of one configuration, through the public API."""
+    import jax
+    import jax.numpy as jnp
+
+    import eqattn
+
+    n, m, d = case["n"], case["m"], case["d"]
+
+    def spec(shape, dtype=case["dtype"]):
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
+
+    args = [spec((1, HEADS, n, d)), spec((1, HEADS, m, d)), spec((1, HEADS, m, d))]
+    args.append(spec((HEADS,), "float32"))
+    if case["mask"] == "key padding":
+        args.append(spec((1, 1, 1, m), "bool"))
+    elif case["mask"] == "causal":
+        args.append(spec((n, m), "bool"))
+
+    def forward(q, k, v, beta, mask=None):
+        return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, implementation="pallas")
+
+    def loss(q, k, v, beta, mask=None):
+        out, lse = forward(q, k, v, beta, mask)
+        return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse.astype(jnp.float32))
+
+    if case["pass"] == "forward":
+        return forward, args
+    return jax.grad(loss, argnums=(0, 1, 2, 3)), args
+
+
+def negative_control(target: _deviceless.Target) -> dict:
+    """An oversized tiling, compiled like the rest: the check must judge it a failure."""
+    import jax
+    import jax.numpy as jnp
+
+    from eqattn._pallas import _attention, _mosaic, _triton
+
+    sharding = _deviceless.one_device_sharding(target)
+    if target.platform == "cuda":  # 128 x 128 backward tiles of 256 float32 features
+        blocks = _triton.Blocks(64, 64, 128, 128, 4, 4, 2)
+        config, d = _attention.Config(triton=blocks), 256
+    else:  # 4096 x 4096 blocks: far over any generation's scoped VMEM
+        blocks = _mosaic.Blocks(4096, 4096)
+        config, d = _attention.Config(mosaic=blocks), 128
+
+    def loss(q, k, v, beta):
+        out, lse = _attention.attention_core(q, k, v, beta, None, config)
+        return jnp.sum(out) + jnp.sum(lse)
+
+    specs = [jax.ShapeDtypeStruct((HEADS, 4096, d), jnp.float32, sharding=sharding)] * 3
+    specs.append(jax.ShapeDtypeStruct((HEADS,), jnp.float32, sharding=sharding))
+    program = jax.grad(loss, argnums=(0, 1, 2))
+    row = _deviceless.compile_program(target, program, specs)
+    return {"dtype": "float32", "d": d, "blocks": vars(blocks), **row}
+
+
+# --- whole programs ----------------------------------------------------------------------------
+
+LONG = 16384
+
+
+def _uses(text: str) -> dict:
+    """Which attention paths a compiled program holds."""
+    low = text.lower()
+    return {
+        "cudnn": "cudnn" in low,
+        "pallas_kernels": sorted(set(re.findall(r"eqattn_attention_\w+?(?=[.\s\"(])", text))),
+    }
+
+
+def _memory_rows(target, sharding) -> list[dict]:
+    """The attention core's forward+backward at n = m = 16,384 (batch x heads = 4, d = 64,
+    float32), the memory suite's cases compiled for the target: temporaries against XLA's dense
+    attention's."""
+    import jax
+    import jax.numpy as jnp
+
+    from . import memory
+
+    spec = [jax.ShapeDtypeStruct((1, memory.BH, LONG, memory.DIM), jnp.float32, sharding=sharding)]
+    spec *= 4
+    rows = []
+    for name, fn in memory.core_cases(LONG, platform=target.platform).items():
+        row = _deviceless.compile_program(target, fn, spec, _uses)
+        rows.append({"part": "core", "n": LONG, "case": name, **row})
+    dense = next(r for r in rows if r["case"] == "xla-dense")
+    for r in rows:
+        if r["compiled"] and dense["compiled"]:
+            r["temp_mb"] = r["temp_bytes"] / 2**20
+            r["of_dense"] = r["temp_bytes"] / dense["temp_bytes"]
+    return rows
+
+
+def _train_step():
+    """`eqattn train`'s DEQ training step with its defaults (digits, batch 64): (fn, args)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from . import training
+
+    name, model, train = next(c for c in training._configs(False) if c[0] == training.DEFAULTS)
+    x = jnp.zeros((64, 8, 8), jnp.float32)
+    y = jnp.asarray(np.arange(64) % 10, jnp.int32)
+    return training._step_case(model, train, x, y)
+
+
+def _implicit_gradient():
+    """The parameter gradient of an `ImplicitAttention` layer (width 64, 4 heads) on 16,384
+    tokens with the fused kernel."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    import eqattn
+
+    layer = eqattn.nn.ImplicitAttention(64, 4, key=jax.random.key(0), implementation="pallas")
+    params, static = eqx.partition(layer, eqx.is_array)
+
+    def grad(params, x):
+        return jax.grad(lambda p: jnp.sum(eqx.combine(p, static)(x) ** 2))(params)
+
+    return grad, (params, jnp.zeros((LONG, 64), jnp.float32))
+
+
+def _attention_gradient():
+    """The parameter gradient of `MultiHeadAttention` (width 64, 4 heads, bfloat16, 4,096
+    tokens) with `implementation="auto"`: cuDNN where the program is compiled for a GPU."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    import eqattn
+
+    mha = eqattn.nn.MultiHeadAttention(4, 64, key=jax.random.key(0), dtype=jnp.bfloat16)
+    params, static = eqx.partition(mha, eqx.is_array)
+
+    def grad(params, x):
+        def loss(p):
+            return jnp.sum(eqx.combine(p, static)(x, x).astype(jnp.float32) ** 2)
+
+        return jax.grad(loss)(params)
+
+    return grad, (params, jnp.zeros((4096, 64), jnp.bfloat16))
+
+
+PROGRAMS = {
+    "eqattn train step (digits defaults)": _train_step,
+    "ImplicitAttention gradient, 16384 tokens, pallas": _implicit_gradient,
+    "MultiHeadAttention gradient, bf16, auto": _attention_gradient,
+}
+
+
+RING_TOKENS = 65536
+
+
+def _ring_rows(target) -> list[dict]:
+    """Causal ring attention's forward+backward on eight devices (65,536 tokens, bfloat16,
+    d = 64, batch x heads = 4), each pair of blocks by eqattn's core (`"auto"`) or the fused
+    kernel: per-device temporaries and the collectives in the compiled program."""
+    import collections
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    import eqattn.parallel as par
+
+    if target.ring_topology is None:
+        return []
+    devices = _deviceless.topology_devices(target, target.ring_topology)
+    mesh = Mesh(np.asarray(devices), ("seq",))
+    sharding = NamedSharding(mesh, PartitionSpec(None, "seq", None))
+    spec = jax.ShapeDtypeStruct((4, RING_TOKENS, 64), jnp.bfloat16, sharding=sharding)
+
+    def ops(text: str) -> dict:
+        ops = r" (collective-permute|all-gather|all-to-all)(?:-start)?\("
+        count = collections.Counter(re.findall(ops, text))
+        return {
+            "collective_permutes": count["collective-permute"],
+            "all_gathers": count["all-gather"] + count["all-to-all"],
+            **_uses(text),
+        }
+
+    rows = []
+    for implementation in ("auto", "pallas"):
+
+        def loss(q, k, v, implementation=implementation):
+            out, lse = par.ring_attention_with_lse(
+                q, k, v, mesh=mesh, axis="seq", causal=True, implementation=implementation
+            )
+            finite = jnp.where(jnp.isfinite(lse), lse, 0).astype(jnp.float32)
+            return jnp.sum(out.astype(jnp.float32)) + jnp.sum(finite)
+
+        fn = jax.grad(loss, argnums=(0, 1, 2))
+        row = _deviceless.compile_program(target, fn, [spec] * 3, ops)
+        case = f"ring, causal, {len(devices)} devices, {implementation}"
+        rows.append({"part": "ring", "case": case, "n": RING_TOKENS, **row})
+    return rows
+
+
+def _program_rows(target, sharding) -> list[dict]:
+    rows = []
+    for name, build in PROGRAMS.items():
+        fn, args = build()
+        row = _deviceless.compile_program(target, fn, _deviceless.placed(args, sharding), _uses)
+        rows.append({"part": "program", "case": name, **row})
+    return rows
+
+
+def verdict(row: dict, target: _deviceless.Target) -> list[str]:
+    """Why a compiled configuration fails the check (empty: it passes)."""
+    if not row["compiled"]:
+        if row.get("refused") and row["d"] == 256:
+            return []
+        return [f"did not compile: {row['error'][:300]}"]
+    kernels = row["kernels"]
+    if not kernels:
+        return ["no eqattn kernel in the compiled program"]
+    problems = []
+    for name, k in sorted(kernels.items()):
+        if target.platform == "cuda":
+            if "registers" not in k or "threads" not in k:
+                problems.append(f"{name}: ptxas's report or the launch was not found")
+            elif k["spill_stores"] or k["spill_loads"]:
+                problems.append(
+                    f"{name}: spills {k['spill_stores']} bytes of registers "
+                    f"({k['spill_loads']} bytes reloaded)"
+                )
+        elif k["vmem_bytes"] > k["vmem_limit"]:
+            problems.append(f"{name}: {k['vmem_bytes']} bytes of VMEM > {k['vmem_limit']}")
+    return problems
+
+
+def _refusal(error: str) -> bool:
+    from eqattn._pallas import _triton
+
+    return _triton.REFUSAL in error
+
+
+def worker(target_name: str, mode: str, out: Path) -> None:
+    """Compile one target's configurations in this process and write them as JSON to `out`."""
+    target = _deviceless.TARGETS[target_name]
+    if mode == "sweep":
+        from . import _sweep
+
+        payload = {"rows": _sweep.run(target)}
+    else:
+        sharding = _deviceless.one_device_sharding(target)
+        rows = []
+        for case in cases(target.platform, check=mode == "check"):
+            fn, args = _program(case, sharding)
+            row = {**case, **_deviceless.compile_program(target, fn, args)}
+            if not row["compiled"]:
+                row["refused"] = _refusal(row["error"])
+            row["problems"] = verdict(row, target)
+            rows.append(row)
+            print(f"{target.name}: {_describe(row)}", flush=True)
+        programs = _program_rows(target, sharding) + _memory_rows(target, sharding)
+        programs += _ring_rows(target)
+        for row in programs:
+            row["problems"] = [] if row["compiled"] else [f"did not compile: {row['error']}"]
+            print(f"{target.name}: {row['case']}: {_program_status(row)}", flush=True)
+        control = negative_control(target)
+        control["problems"] = verdict(control, target)
+        payload = {"rows": rows, "programs": programs, "negative_control": control}
+    out.write_text(_dumps({**_header(target), **payload}))
+
+
+def _dumps(payload: dict) -> str:
+    """JSON with one row per line (the sweep has thousands)."""
+    head = json.dumps({k: v for k, v in payload.items() if k != "rows"}, indent=1)
+    rows = ",\n".join(json.dumps(r) for r in payload["rows"])
+    return f'{head[:-2]},\n "rows": [\n{rows}\n ]\n}}\n'
+
+
+def _program_status(row: dict) -> str:
+    if not row["compiled"]:
+        return f"FAILED: {row['error'][:200]}"
+    share = f" ({row['of_dense']:.1%} of dense)" if "of_dense" in row else ""
+    paths = "cuDNN" if row["cudnn"] else ", ".join(row["pallas_kernels"]) or "XLA"
+    return f"{row['temp_bytes'] / 2**20:.1f} MB temporary{share}; {paths}; {row['compile_s']:.1f} s"
+
+
+def _describe(row: dict) -> str:
+    head = f"{row['dtype']} d={row['d']} {row['n']}x{row['m']} {row['mask']} {row['pass']}"
+    if not row["compiled"]:
+        return f"{head}: {'refused' if row.get('refused') else 'FAILED'}: {row['error'][:160]}"
+    status = "; ".join(row["problems"]) or "ok"
+    return f"{head}: {row['compile_s']:.1f} s, {status}"
+
+
+def _header(target: _deviceless.Target) -> dict:
+    from ._harness import git_commit
+
+    versions = {}
+    for pkg in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "libtpu", "eqattn"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    device = {"target": target.name, "platform": target.platform, "topology": target.topology}
+    device["description"] = target.description
+    if target.platform == "cuda":
+        device["spec"] = _deviceless.H100_SPEC.read_text()
+    else:
+        device["vmem_limit"] = target.vmem_limit
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return {
+        "suite": "compile",
+        "date": stamp,
+        "device": device,
+        "versions": versions,
+        "git_commit": git_commit(),
+        "compiled_on": f"{os.cpu_count()}-core CPU host, no device (deviceless compilation)",
+    }
+
+
+def _spawn(target: str, mode: str, out: Path) -> tuple[str, int, str]:
+    """Run one target's worker, echoing its lines as they come; returns (target, exit status,
+    the tail of its error output)."""
+    env = {**os.environ, **_deviceless.environment(_deviceless.TARGETS[target])}
+    command = [sys.executable, "-m", "benchmarks.compile", "--worker", target, mode, str(out)]
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+        code = proc.wait()
+        err.seek(0)
+        return target, code, err.read()[-3000:]
+
+
+def missing_compilers(targets) -> list[str]:
+    """The packages the targets need that are not installed."""
+    need = {"cuda": "jax-cuda12-plugin", "tpu": "libtpu"}
+    missing = []
+    for t in targets:
+        pkg = need[_deviceless.TARGETS[t].platform]
+        try:
+            md.version(pkg)
+        except md.PackageNotFoundError:
+            missing.append(pkg)
+    return sorted(set(missing))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks compile", description=__doc__)
+    parser.add_argument("--target", nargs="+", choices=sorted(_deviceless.TARGETS))
+    parser.add_argument("--check", action="store_true", help="gate: exit 1 on any failure")
+    parser.add_argument("--sweep", action="store_true", help="the tile sweep")
+    parser.add_argument("--out", type=Path, help="results folder (default: benchmarks/results)")
+    args = parser.parse_args(argv)
+    targets = args.target or (list(CHECKED) if args.check else list(_deviceless.TARGETS))
+    if missing := missing_compilers(targets):
+        print(
+            f'compile: {", ".join(missing)} not installed; run `pip install -e ".[compile]"`',
+            file=sys.stderr,
+        )
+        return 2
+    mode = "sweep" if args.sweep else ("check" if args.check else "suite")
+    out = args.out or (Path(tempfile.mkdtemp()) if args.check else RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = "compile-sweep" if args.sweep else "compile"
+    paths = {t: out / f"{prefix}-{t}.json" for t in targets}
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(2, os.cpu_count() or 1))) as pool:
+        jobs = [pool.submit(_spawn, t, mode, paths[t]) for t in targets]
+        for job in concurrent.futures.as_completed(jobs):
+            target, code, error = job.result()
+            if code:
+                print(error, file=sys.stderr)
+                failures.append(f"{target}: the compiling process failed (exit status {code})")
+    if mode == "sweep":
+        return 1 if failures else 0
+    for t in targets:
+        if paths[t].exists():
+            failures += _failures(json.loads(paths[t].read_text()))
+            print(f"wrote {paths[t]}" if args.out or not args.check else "", end="")
+    return _report(failures, args.check)
+
+
+# The fused kernel's compiled forward+backward temporaries at n = m = 16,384, at most this
+# share of XLA's dense attention's.
+MEMORY_TARGET = 0.05
+
+
+def _failures(payload: dict) -> list[str]:
+    target = payload["device"]["target"]
+    out = [f"{target}: {_describe(r)}" for r in payload["rows"] if r["problems"]]
+    for r in payload["programs"]:
+        if r["problems"]:
+            out.append(f"{target}: {r['case']}: {'; '.join(r['problems'])[:300]}")
+        elif r["case"] == "eqattn-pallas" and r["of_dense"] > MEMORY_TARGET:
+            out.append(f"{target}: the fused kernel holds {r['of_dense']:.1%} of dense's memory")
+    control = payload["negative_control"]
+    if not control["problems"]:
+        out.append(f"{target}: the negative control (an oversized tiling) passed the check")
+    return out
+
+
+def _report(failures: list[str], check: bool) -> int:
+    print()
+    if not failures:
+        print("compile check: every configuration compiled within the limits; " if check else "")
+        return 0
+    print("\n".join(["compile: failures:", *failures]), file=sys.stderr)
+    return 1 if check else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
+    else:
+        sys.exit(main())
