@@ -17,11 +17,13 @@ No implementation calls back into this module.
 
 from __future__ import annotations
 
+import functools as ft
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from . import _core
 from ._core import Implementation, check_implementation
@@ -207,11 +209,17 @@ def poisoned(out, lse, poison):
 def dispatch(
     queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool, tiling=None
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Validate, choose the implementation, run it: `(out, lse)` (`lse` None from cuDNN)."""
+    """Validate, choose the implementation, run it: `(out, lse)` (`lse` None from cuDNN).
+
+    `"auto"` follows the platform the program is compiled for, not the host: where it would run
+    cuDNN on a GPU, the program holds both paths (`lax.platform_dependent`), and the compiler
+    keeps cuDNN's for CUDA and the other choice elsewhere, so a program exported or compiled for
+    a GPU from a CPU host carries cuDNN, and one for a CPU from a GPU host does not."""
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     check_chunk_size(chunk_size)
     tiling = _core.check_tiling(tiling)
-    choice = select_implementation(
+    choose = ft.partial(
+        select_implementation,
         queries,
         keys,
         values,
@@ -221,18 +229,47 @@ def dispatch(
         need_lse=need_lse,
         tiling=tiling,
     )
+    choice = choose()
+    on_gpu = choose(backend="gpu") if implementation == "auto" else choice
     queries, keys, values, beta, poison = sanitize(queries, keys, values, beta, mask, batch)
-    if choice == "cudnn":
-        out = _cudnn_attention(queries, keys, values, beta, mask, batch)
+    cudnn = ft.partial(_cudnn_attention, mask=mask, batch=batch)
+    if implementation == "auto" and on_gpu == "cudnn":
+        elsewhere = choose(backend="cpu")
+        core = ft.partial(
+            _computed, elsewhere, mask=mask, batch=batch, chunk_size=chunk_size, tiling=tiling
+        )
+        out = lax.platform_dependent(
+            queries, keys, values, beta, cuda=cudnn, default=lambda *a: core(*a)[0]
+        )
         return poisoned(out, None, poison)
+    if choice == "cudnn":
+        return poisoned(cudnn(queries, keys, values, beta), None, poison)
+    out, lse = _computed(
+        choice,
+        queries,
+        keys,
+        values,
+        beta,
+        mask=mask,
+        batch=batch,
+        chunk_size=chunk_size,
+        tiling=tiling,
+        implementation=implementation,
+    )
+    return poisoned(out, lse, poison)
+
+
+def _computed(
+    choice, queries, keys, values, beta, *, mask, batch, chunk_size, tiling, implementation="auto"
+):
+    """`(out, lse)` of checked, sanitized inputs by eqattn's core or its fused kernel."""
     q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
     if choice == "pallas":
         out, lse = pallas_attention_core(q, k, v, b, mask)
     else:
         plan = _core.plan(q.shape[-2], k.shape[-2], chunk_size, implementation, tiling)
         out, lse = _core.attention_core(q, k, v, b, mask, plan)
-    out, lse = out.reshape(batch + out.shape[-2:]), lse.reshape(batch + lse.shape[-1:])
-    return poisoned(out, lse, poison)
+    return out.reshape(batch + out.shape[-2:]), lse.reshape(batch + lse.shape[-1:])
 
 
 def validate(queries, keys, values, beta, mask):
@@ -294,7 +331,7 @@ def flatten(queries, keys, values, beta, mask, batch):
     return q, k, v, b, mask
 
 
-def _cudnn_attention(queries, keys, values, beta, mask, batch):
+def _cudnn_attention(queries, keys, values, beta, *, mask, batch):
     """Attention through `jax.nn.dot_product_attention(implementation="cudnn")`.
 
     Inputs already checked; beta is folded into the queries (or into `scale` when it is a concrete
@@ -331,4 +368,4 @@ def _cudnn_attention(queries, keys, values, beta, mask, batch):
 def cudnn_attention(queries, keys, values, *, beta, mask):
     """[`eqattn.attention`][] through cuDNN's kernel, whatever the selection rule says (tests)."""
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
-    return _cudnn_attention(queries, keys, values, beta, mask, batch)
+    return _cudnn_attention(queries, keys, values, beta, mask=mask, batch=batch)

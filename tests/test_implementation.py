@@ -106,6 +106,20 @@ def test_cpu_dispatch_never_reaches_cudnn():
     assert "cudnn" not in hlo.lower()
 
 
+def test_auto_follows_the_platform_compiled_for():
+    # "auto" picks cuDNN for a CUDA program also when it is traced on a CPU host (a model
+    # exported for GPU serving), and XLA's path for the CPU program of the same function.
+    from jax import export
+
+    q = jnp.ones((2, 16, 64), BF16)
+    f = jax.jit(lambda q: eqattn.attention(q, q))
+    # (only silences "no serialization-compatibility promise" for cuDNN's custom call)
+    checks = [export.DisabledSafetyCheck.custom_call("__cudnn$fmhaSoftmax")]
+    cuda = export.export(f, platforms=["cuda"], disabled_checks=checks)(q).mlir_module()
+    cpu = export.export(f, platforms=["cpu"])(q).mlir_module()
+    assert "cudnn" in cuda.lower() and "cudnn" not in cpu.lower()
+
+
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
     """Run eqattn's cuDNN wrapper with `jax.nn.dot_product_attention(implementation="xla")`, so
@@ -170,7 +184,11 @@ def test_mha_passes_implementation(fused_on_cpu, monkeypatch, getkey):
 
 # --- on a GPU: the real kernel -----------------------------------------------------------------
 
-gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU with cuDNN")
+
+def gpu(test):
+    """A test that runs on a GPU only: the GPU command's first step selects these by marker."""
+    on_gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU with cuDNN")
+    return pytest.mark.accelerator(on_gpu(test))
 
 
 @gpu
