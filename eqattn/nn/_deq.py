@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from .._core import Implementation
 from .._solve import (
     AbstractAdjoint,
     AbstractFixedPointSolver,
@@ -52,7 +53,8 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     `eqx.nn.inference_mode(model)` sets it, and a call's `inference=True/False` overrides it, as
     for `eqx.nn.Dropout`); `solver`, `adjoint`, `throw` as in [`eqattn.fixed_point`][];
     `sequence`, an [`eqattn.parallel.SequenceSplit`][]: the tokens split over a mesh axis (ring
-    attention, the solve on the sharded state).
+    attention, the solve on the sharded state); `implementation`, the attention kernel (see
+    [`eqattn.select_implementation`][]).
     """
 
     attention: MultiHeadAttention
@@ -84,6 +86,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         throw: bool = False,
         inference: bool = False,
         sequence: SequenceSplit | None = None,
+        implementation: Implementation = "auto",
         dtype=None,
     ):
         check_dims(dim, num_heads)
@@ -91,7 +94,9 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, ki, k1, k2 = jax.random.split(key, 4)
-        self.attention = MultiHeadAttention(num_heads, dim, key=ka, sequence=sequence, dtype=dtype)
+        self.attention = MultiHeadAttention(
+            num_heads, dim, key=ka, sequence=sequence, implementation=implementation, dtype=dtype
+        )
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
         self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)

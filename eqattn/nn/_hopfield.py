@@ -27,6 +27,7 @@ from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._attention import attention, attention_weights, merge_heads, split_heads
+from .._core import Implementation
 from .._hopfield import hopfield_energy
 from .._renorm import renormalize
 from .._solve import (
@@ -85,6 +86,7 @@ class Hopfield(AbstractEquilibriumLayer):
       `connected_values`: pass the value input through the key projection first (then through
       the value projection, which then reads `hidden_dim` features, unless `static_values`;
       hopfield-layers' `pattern_projection_as_connected`).
+    - `implementation`: the attention kernel (see [`eqattn.select_implementation`][]).
     - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
       iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
       matmul precision can resolve): the concave-convex update never increases the energy, so it
@@ -151,6 +153,7 @@ class Hopfield(AbstractEquilibriumLayer):
         static_stored: bool = False,
         static_values: bool = False,
         connected_values: bool = False,
+        implementation: Implementation = "auto",
         dtype=None,
     ):
         stored_dim = state_dim if stored_dim is None else stored_dim
@@ -177,6 +180,7 @@ class Hopfield(AbstractEquilibriumLayer):
             key=key,
             output_projection=output_projection,
             beta=beta,
+            implementation=implementation,
             dtype=dtype,
         )
         self.state_norm = eqx.nn.LayerNorm(state_dim, dtype=dtype) if normalize_state else None

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from .._core import Implementation
 from .._renorm import renormalize, standardize_tokens
 from .._solve import (
     AbstractAdjoint,
@@ -67,6 +68,8 @@ class ImplicitAttention(AbstractEquilibriumLayer):
     - `throw`: raise (inside `jit` too) when the solve does not converge.
     - `sequence`: an [`eqattn.parallel.SequenceSplit`][]: the tokens split over a mesh axis,
       attention by [`eqattn.parallel.ring_attention`][], the solve on the sharded state.
+    - `implementation`: the attention kernel (`"auto"`, `"xla"`, `"chunked"`, `"pallas"`, `"cudnn"`;
+      see [`eqattn.select_implementation`][]).
 
     Acts on one example `x [tokens, dim]` (use `jax.vmap` for a batch); `mask` is boolean,
     broadcasting to `[tokens, tokens]`, `True` where token i may attend to token j.
@@ -93,13 +96,20 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         beta: float | None = None,
         throw: bool = False,
         sequence: SequenceSplit | None = None,
+        implementation: Implementation = "auto",
         dtype=None,
     ):
         check_dims(dim, num_heads)
         check_norm(norm)
         ka, ki = jax.random.split(key)
         self.attention = MultiHeadAttention(
-            num_heads, dim, key=ka, beta=beta, sequence=sequence, dtype=dtype
+            num_heads,
+            dim,
+            key=ka,
+            beta=beta,
+            sequence=sequence,
+            implementation=implementation,
+            dtype=dtype,
         )
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
