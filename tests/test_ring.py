@@ -46,10 +46,13 @@ CASES = [
 
 
 @pytest.mark.parametrize(
-    "case, dtype",
-    [(case, np.float64) for case in CASES] + [(CASES[i], np.float32) for i in (1, 5)],
+    "case, dtype, implementation",
+    [(case, np.float64, "auto") for case in CASES]
+    + [(CASES[i], np.float32, "auto") for i in (1, 5)]
+    # the fused kernel on each device (interpreted on CPU), with a per-query mask and causal
+    + [(CASES[i], np.float64, "pallas") for i in (1, 5)],
 )
-def test_ring_attention_matches_reference(rng, case, dtype):
+def test_ring_attention_matches_reference(rng, case, dtype, implementation):
     mesh_shape, names, qs, ks, vs, bs, ms, causal = case
     mesh = _mesh(mesh_shape, names)
     q, k, v = (rng.normal(size=s).astype(dtype) for s in (qs, ks, vs))
@@ -69,7 +72,14 @@ def test_ring_attention_matches_reference(rng, case, dtype):
         out, lse = fn(q, k, v, beta)
         return jnp.sum(out * c) + jnp.sum(jnp.sin(jnp.where(jnp.isfinite(lse), lse, 0)))
 
-    ring = partial(par.ring_attention_with_lse, mesh=mesh, axis="seq", mask=mask, causal=causal)
+    ring = partial(
+        par.ring_attention_with_lse,
+        mesh=mesh,
+        axis="seq",
+        mask=mask,
+        causal=causal,
+        implementation=implementation,
+    )
     out, lse = jax.jit(lambda q, k, v, b: ring(q, k, v, beta=b))(q, k, v, beta)
     assert out.dtype == dtype and lse.dtype == dtype
     ref_out, ref_lse = reference.attention_with_lse(q, k, v, beta, full)
@@ -284,6 +294,10 @@ def test_ring_attention_errors():
         ring(q, q, mask=jnp.ones((8, 3), bool))
     with pytest.raises(ValueError, match="finite and > 0"):
         ring(q, q, beta=-1.0)
+    with pytest.raises(ValueError, match="'auto', 'xla', 'chunked' or 'pallas'; got 'cudnn'"):
+        ring(q, q, implementation="cudnn")
+    with pytest.raises(ValueError, match="d, dv <= 256"):
+        ring(jnp.ones((8, 512)), jnp.ones((8, 512)), implementation="pallas")
 
 
 def _layers(split, key):

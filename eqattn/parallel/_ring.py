@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools as ft
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +48,11 @@ from .._implementation import (
     poison_codes,
     poisoned,
     sanitize,
+    select_implementation,
     validate,
     zero_rows,
 )
+from .._pallas import _attention as _pallas
 from ._sequence import check_axis, varying
 
 
@@ -62,6 +65,9 @@ class _Ring:
     causal: bool
     chunk_size: int | None
     tiling: _core.Tiling
+    # "auto", "xla" or "chunked": the core's plan for each pair of blocks; "pallas": the fused
+    # kernel (`eqattn._pallas`), whose forward and backward keep no block of logits.
+    implementation: str = "auto"
     # A diagonal block (queries and keys at the same positions) is halved until it has at most
     # this many queries, then masked by a materialized triangle; the halves below the diagonal
     # are full blocks (no causal mask), those above it are skipped.
@@ -151,7 +157,9 @@ def _pair_forward(ring, q, k, v, b, mask, diag: bool):
         tril = jnp.tril(jnp.ones((n, n), bool))[None]
         mask, diag = (tril if mask is None else mask & tril), False
     if not diag:
-        plan = _core.plan(n, k.shape[1], ring.chunk_size, "auto", ring.tiling)
+        if ring.implementation == "pallas":
+            return _pallas.forward(q, k, v, b, mask)
+        plan = _core.plan(n, k.shape[1], ring.chunk_size, ring.implementation, ring.tiling)
         return _core.forward(q, k, v, b, mask, plan)
     lo, hi = _halves(n)
     top = _pair_forward(ring, q[:, lo], k[:, lo], v[:, lo], b, _sub_mask(mask, lo, lo), True)
@@ -169,7 +177,9 @@ def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
         tril = jnp.tril(jnp.ones((n, n), bool))[None]
         mask, diag = (tril if mask is None else mask & tril), False
     if not diag:
-        plan = _core.plan(n, k.shape[1], ring.chunk_size, "auto", ring.tiling)
+        if ring.implementation == "pallas":
+            return _pallas.backward(q, k, v, b, mask, *rows_in, dtype)
+        plan = _core.plan(n, k.shape[1], ring.chunk_size, ring.implementation, ring.tiling)
         return _core.backward(q, k, v, b, mask, *rows_in, plan, dtype)
     lo, hi = _halves(n)
 
@@ -358,6 +368,7 @@ def ring_attention_with_lse(
     causal: bool = False,
     chunk_size: int | None = None,
     tiling: _core.Tiling | None = None,
+    implementation: Literal["auto", "xla", "chunked", "pallas"] = "auto",
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""[`eqattn.attention_with_lse`][] with the queries, keys and values all split along the
     sequence over the mesh axis `axis` (ring attention, via `jax.shard_map`).
@@ -386,6 +397,9 @@ def ring_attention_with_lse(
       also the size (default 512) down to which the blocks on the diagonal are halved, so that
       no causal mask larger than `chunk_size` x `chunk_size` is formed.
     - `tiling`: an [`eqattn.Tiling`][] for the core on each device's blocks.
+    - `implementation`: what computes each pair of blocks on a device: eqattn's core
+      (`"auto"`, `"xla"`, `"chunked"`, as for [`eqattn.attention_with_lse`][]) or its fused
+      kernel (`"pallas"`: no block of logits is formed, forward or backward).
 
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, sharded along `n` over
     `axis` like the queries, equal to the one-device result up to round-off. Reverse-mode
@@ -396,6 +410,7 @@ def ring_attention_with_lse(
     check_axis(mesh, axis)
     check_chunk_size(chunk_size)
     tiling = _core.check_tiling(tiling)
+    check_ring_implementation(implementation, queries, keys, values)
     return _ring_attention_with_lse(
         queries,
         keys,
@@ -407,14 +422,29 @@ def ring_attention_with_lse(
         causal=causal,
         chunk_size=chunk_size,
         tiling=tiling,
+        implementation=implementation,
     )
+
+
+def check_ring_implementation(implementation, queries, keys, values) -> None:
+    """What a ring device may compute its blocks with (cuDNN gives no log-sum-exp to merge)."""
+    if implementation not in ("auto", "xla", "chunked", "pallas"):
+        raise ValueError(
+            "ring attention's `implementation` must be 'auto', 'xla', 'chunked' or 'pallas'; "
+            f"got {implementation!r}."
+        )
+    if implementation == "pallas":
+        select_implementation(queries, keys, values, implementation="pallas", need_lse=True)
 
 
 # Jitted: run eagerly, `shard_map` executes the ring's steps one operation at a time (a causal
 # ring of 8 CPU devices took seconds per call instead of milliseconds once compiled).
-@ft.partial(jax.jit, static_argnames=("mesh", "axis", "causal", "chunk_size", "tiling"))
+@ft.partial(
+    jax.jit,
+    static_argnames=("mesh", "axis", "causal", "chunk_size", "tiling", "implementation"),
+)
 def _ring_attention_with_lse(
-    queries, keys, values, beta, mask, *, mesh, axis, causal, chunk_size, tiling
+    queries, keys, values, beta, mask, *, mesh, axis, causal, chunk_size, tiling, implementation
 ):
     # (the static arguments were checked by the caller, before `jit`)
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
@@ -442,7 +472,7 @@ def _ring_attention_with_lse(
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
     in_specs = (seq, seq, seq, P(), seq if split_mask else P())
-    ring = _Ring(axis, size, causal, chunk_size, tiling, leaf=chunk_size or 512)
+    ring = _Ring(axis, size, causal, chunk_size, tiling, implementation, leaf=chunk_size or 512)
 
     def local(q, k, v, b, msk):
         # The custom VJP must see one kind of input: make the replicated ones device-varying
@@ -467,7 +497,14 @@ def _ring_attention_with_lse(
         None if x is None else jax.device_put(x, NamedSharding(mesh, spec))
         for x, spec in zip(args, in_specs)
     )
-    fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=(seq, P(None, axis)))
+    # Pallas calls carry no varying-manual-axes types: the kernel runs unchecked (check_vma).
+    fn = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=(seq, P(None, axis)),
+        check_vma=implementation != "pallas",
+    )
     out, lse = fn(*args)
     out = out.reshape(batch + out.shape[-2:])
     lse = lse.reshape(batch + lse.shape[-1:])
@@ -488,6 +525,7 @@ def ring_attention(
     causal: bool = False,
     chunk_size: int | None = None,
     tiling: _core.Tiling | None = None,
+    implementation: Literal["auto", "xla", "chunked", "pallas"] = "auto",
 ) -> Float[Array, "*batch n dv"]:
     """The output of [`eqattn.parallel.ring_attention_with_lse`][] (same arguments)."""
     return ring_attention_with_lse(
@@ -501,6 +539,7 @@ def ring_attention(
         causal=causal,
         chunk_size=chunk_size,
         tiling=tiling,
+        implementation=implementation,
     )[0]
 
 
