@@ -138,7 +138,8 @@ def versions() -> dict[str, str]:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, with "-dirty" when tracked files differ from it."""
+    """The checkout's commit, with "-dirty" when tracked files differ from it; where there is no
+    repository (a copy of the tree on another machine), `EQATTN_COMMIT` from the environment."""
     try:
         run = lambda *a: subprocess.run(  # noqa: E731
             ["git", *a], capture_output=True, text=True, check=True
@@ -146,7 +147,7 @@ def git_commit() -> str | None:
         commit = run("rev-parse", "--short", "HEAD")
         return commit + ("-dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("EQATTN_COMMIT")
 
 
 def write_results(out_dir: Path, suite: str, rows: list[dict], extra: dict | None = None) -> Path:

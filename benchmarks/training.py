@@ -33,7 +33,8 @@ before that change.
    examples converged, the compiled step's temporary memory.
 
 `--quick`: three cases, one seed, 64 training images, one epoch, two rounds: it exercises the
-code only.
+code only. `--short`: the explicit baseline and the defaults, seed 0, full runs (the GPU
+command's training step).
 """
 
 from __future__ import annotations
@@ -120,12 +121,17 @@ _QUICK = (
 )
 
 
-def _configs(quick: bool):
+# `--short` (the GPU command's training step): the baseline and the defaults, full runs.
+_SHORT = ("explicit (baseline)", DEFAULTS)
+
+
+def _configs(quick: bool, short: bool = False):
     extra = dict(train_size=64, epochs=1) if quick else {}
+    chosen = _QUICK if quick else _SHORT if short else None
     return [
         (name, ModelConfig(**model), TrainConfig(**train_fields, **extra))
         for name, model, train_fields in CASES
-        if not quick or name in _QUICK
+        if chosen is None or name in chosen
     ]
 
 
@@ -163,10 +169,10 @@ def _step_times(configs, repeats):
     return {name: (t["median_s"], t["median_s"] / base) for name, t in timings.items()}
 
 
-def run(quick: bool = False) -> tuple[list[dict], dict]:
-    configs = _configs(quick)
+def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
+    configs = _configs(quick, short)
     seeds = {
-        name: (0,) if quick else TARGET_SEEDS if name in _TARGET else SEEDS
+        name: (0,) if quick or short else TARGET_SEEDS if name in _TARGET else SEEDS
         for name, _, _ in configs
     }
     steps = _step_times(configs, repeats=2 if quick else 20)

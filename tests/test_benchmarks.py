@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.__main__ import SUITES
+from benchmarks.gpu import STEPS
 
 ROOT = Path(__file__).parent.parent
 
@@ -73,10 +74,16 @@ _ORDER = sorted(SUITES, key=lambda s: _SLOW_FIRST.index(s) if s in _SLOW_FIRST e
 def test_quick_benchmark_runs(suite, tmp_path, capsys):
     # On 2 CPU devices so the multi-device rows run too (timings are not checked here, so the
     # suite's fast-compile flag applies too).
+    # The suites of the GPU command run through its dry run (so the command cannot rot while no
+    # GPU is lent); the others directly.
     flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
     env = {**os.environ, "XLA_FLAGS": flags}
+    if suite in {s.name for s in STEPS}:
+        command = ["benchmarks", "gpu", "--dry-run", "--step", suite]
+    else:
+        command = ["benchmarks", suite, "--quick"]
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", suite, "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", *command, "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -105,3 +112,27 @@ def test_quick_benchmark_runs(suite, tmp_path, capsys):
 
     plot(["--results", str(tmp_path), "--out", str(tmp_path / "plots")])
     assert len(list((tmp_path / "plots").glob("*.png"))) == 1
+
+
+def test_gpu_command_steps_resume_and_list(tmp_path):
+    # The first call runs the first step not done (the accelerator-only tests, all skipped on a
+    # CPU), the next call would run the second; --list says which files each step left.
+    def gpu(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks", "gpu", "--out", str(tmp_path), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    first = gpu("--dry-run")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "step 1/8: tests" in first.stdout and "steps left: kernel," in first.stdout
+    report = (tmp_path / "accelerator-tests.txt").read_text()
+    assert "skipped" in report and "deselected" in report  # selected by marker, none failed
+    listing = gpu("--list").stdout
+    assert "1. tests:" in listing and "[accelerator-tests.txt]" in listing
+    assert "2. kernel:" in listing and "[not done]" in listing
+    bad = gpu("--step", "nine")
+    assert bad.returncode != 0 and "no step 'nine'" in bad.stderr
