@@ -11,11 +11,14 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def _load(results: Path, suite: str) -> list[dict]:
+def result_paths(results: Path, suite: str) -> list[Path]:
+    """The suite's results files (the compile suite's tile sweeps are sources, not tables)."""
     paths = sorted(results.glob(f"{suite}-*.json"))
-    if suite == "compile":  # the tile sweeps are the tables' sources, not tables
-        paths = [p for p in paths if not p.name.startswith("compile-sweep")]
-    return [json.loads(p.read_text()) for p in paths]
+    return [p for p in paths if not p.name.startswith("compile-sweep")]
+
+
+def _load(results: Path, suite: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in result_paths(results, suite)]
 
 
 def _source(payload) -> str:

@@ -23,7 +23,7 @@ def _benchmarks():
 def _results(report):
     """`(suite, path, payload)` of every full (not --quick) results file, in report order."""
     for suite in report.SECTIONS:
-        for path in sorted(report.RESULTS.glob(f"{suite}-*.json")):
+        for path in report.result_paths(report.RESULTS, suite):
             payload = json.loads(path.read_text())
             if not payload["suite"].endswith("-quick"):
                 yield suite, path, payload
