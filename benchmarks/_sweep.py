@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -44,14 +45,19 @@ def mosaic_candidates():
 
 
 def _program(mode: str, config: _attention.Config):
-    def forward(q, k, v, beta):
-        return _attention.attention_core(q, k, v, beta, None, config)
+    def forward(q, k, v, beta, mask=None):
+        return _attention.attention_core(q, k, v, beta, mask, config)
 
-    def loss(q, k, v, beta):
-        out, lse = _attention.attention_core(q, k, v, beta, None, config)
+    def loss(q, k, v, beta, mask=None):
+        out, lse = _attention.attention_core(q, k, v, beta, mask, config)
         return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse.astype(jnp.float32))
 
     return forward if mode == "forward" else jax.grad(loss, argnums=(0, 1, 2))
+
+
+# Each tiling compiled without a mask and with a per-query mask (`[1, n, m]`, read tile by tile:
+# the most registers a mask costs); a tile is chosen only if spill-free with both.
+MASKS = ("none", "per-query")
 
 
 def run(target: _deviceless.Target) -> list[dict]:
@@ -64,12 +70,15 @@ def run(target: _deviceless.Target) -> list[dict]:
             return jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sharding)
 
         args = [spec((BATCH, SIZE, d)) for _ in range(3)] + [spec((BATCH,), "float32")]
+        masked = {"none": args, "per-query": [*args, spec((1, SIZE, SIZE), "bool")]}
         for mode, blocks in triton_candidates() if cuda else mosaic_candidates():
             config = _attention.Config(**{"triton" if cuda else "mosaic": blocks})
             program = _program("forward" if mode == "forward" else "gradient", config)
-            result = _deviceless.compile_program(target, program, args)
-            rows.append(slim({"dtype": dtype, "d": d, "pass": mode, **_tiles(blocks), **result}))
-            print(_line(rows[-1]), flush=True)
+            for mask in MASKS if cuda else ("none",):
+                result = _deviceless.compile_program(target, program, masked[mask])
+                row = {"dtype": dtype, "d": d, "pass": mode, "mask": mask, **_tiles(blocks)}
+                rows.append(slim({**row, **result}))
+                print(_line(rows[-1]), flush=True)
     return rows
 
 
@@ -98,7 +107,7 @@ def _tiles(blocks) -> dict:
 
 def _line(row) -> str:
     b = row.get("tile") or row.get("blocks")
-    head = f"{row['dtype']:>8} d={row['d']:<3} {row['pass']:<8} {b}"
+    head = f"{row['dtype']:>8} d={row['d']:<3} {row['pass']:<8} {row['mask']:<9} {b}"
     if not row["compiled"]:
         return f"{head}: {row['error'][:100]}"
     return f"{head}: " + "; ".join(
@@ -113,37 +122,37 @@ def _line(row) -> str:
 KERNELS = {"forward": "forward", "dkdv": "backward", "dq": "backward"}
 
 
-def _rank(k: dict, tile: dict):
-    """Larger is better: spill-free, wgmma, occupancy (resident warps per SM), tile size, then
-    fewer warps and stages."""
+def _spill_free(k: dict | None) -> bool:
+    return k is not None and "registers" in k and k["spill_stores"] == k["spill_loads"] == 0
+
+
+def _rank(reports: dict[str, dict | None], tile: dict):
+    """Larger is better: spill-free with and without a mask, then (without one) wgmma, occupancy
+    (resident warps per SM), tile size, then fewer warps and stages."""
+    k = reports["none"]
+    free = all(_spill_free(reports.get(mask)) for mask in MASKS)
     occupancy = k["blocks_per_sm"] * tile["num_warps"]
-    spill_free = k["spill_stores"] == 0 and k["spill_loads"] == 0
     size = tile["block_q"] * tile["block_k"]
-    return (
-        spill_free,
-        k["mma"] == "wgmma",
-        occupancy,
-        size,
-        -tile["num_warps"],
-        -tile["num_stages"],
-    )
+    return (free, k["mma"] == "wgmma", occupancy, size, -tile["num_warps"], -tile["num_stages"])
 
 
 def choose_triton(rows: list[dict]) -> dict[tuple[str, int], dict[str, dict] | None]:
     """Per (dtype, D) and kernel, the best tile of a sweep (see `_rank`); None for a (dtype, D)
-    where some kernel has no spill-free tile."""
+    where some kernel has no tile that is spill-free with and without a mask."""
     table: dict = {}
     for key in dict.fromkeys((r["dtype"], r["d"]) for r in rows):
         chosen = {}
         for kernel, mode in KERNELS.items():
             name = f"eqattn_attention_{kernel}"
+            reports: dict = {}  # tile -> mask -> the kernel's report
+            for r in rows:
+                if (r["dtype"], r["d"]) == key and r["pass"] == mode:
+                    report = r["kernels"].get(name) if r["compiled"] else None
+                    reports.setdefault(json.dumps(r["tile"]), {})[r["mask"]] = report
             found = [
-                (_rank(r["kernels"][name], r["tile"]), r["tile"])
-                for r in rows
-                if (r["dtype"], r["d"]) == key
-                and r["pass"] == mode
-                and r["compiled"]
-                and "registers" in r["kernels"].get(name, {})
+                (_rank(by_mask, json.loads(tile)), json.loads(tile))
+                for tile, by_mask in reports.items()
+                if _spill_free(by_mask.get("none"))
             ]
             best = max(found, key=lambda f: f[0], default=None)
             chosen[kernel] = best[1] if best and best[0][0] else None

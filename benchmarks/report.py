@@ -481,7 +481,6 @@ def compile_table(payload) -> str:
 
 
 SECTIONS = {
-    "compile": compile_table,
     "core": core,
     "kernel": kernel,
     "training": training,
@@ -491,6 +490,7 @@ SECTIONS = {
     "scaling": scaling,
     "ring": ring,
     "closure": closure,
+    "compile": compile_table,
 }
 
 
