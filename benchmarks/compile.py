@@ -10,7 +10,8 @@ at a time); see `_deviceless` for how, and what is read from the compilers.
   public API (`eqattn.attention_with_lse(..., implementation="pallas")`) for each dtype the
   target takes, d = 32, 64, 128, 256, with no mask, a key-padding mask and a dense causal mask at
   n = m = 4096 (batch 1, 8 heads), and a ragged 1000 x 3000; writes
-  `compile-<target>.json` under `--out` (default `benchmarks/results`).
+  `compile-<target>.json` under `--out` (default `benchmarks/results`), and its memory and ring
+  rows also as `memory-<target>-compiled.json` and `ring-<target>-compiled.json`.
   Then whole programs (`PROGRAMS`: the `eqattn train` step, an `ImplicitAttention` gradient on
   16,384 tokens with the fused kernel, a `MultiHeadAttention` gradient with `"auto"`), the
   memory suite's attention cases at n = m = 16,384 against XLA's dense attention, and causal
@@ -271,7 +272,9 @@ def _ring_rows(target) -> list[dict]:
         fn = jax.grad(loss, argnums=(0, 1, 2))
         row = _deviceless.compile_program(target, fn, [spec] * 3, ops)
         case = f"ring, causal, {len(devices)} devices, {implementation}"
-        rows.append({"part": "ring", "case": case, "n": RING_TOKENS, **row})
+        rows.append(
+            {"part": "ring", "case": case, "n": RING_TOKENS, "devices": len(devices), **row}
+        )
     return rows
 
 
@@ -384,6 +387,7 @@ def _header(target: _deviceless.Target) -> dict:
             pass
     device = {"target": target.name, "platform": target.platform, "topology": target.topology}
     device["description"] = target.description
+    device["ring_topology"] = target.ring_topology
     if target.platform == "cuda":
         device["spec"] = _deviceless.H100_SPEC.read_text()
     else:
@@ -457,9 +461,64 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failures else 0
     for t in targets:
         if paths[t].exists():
-            failures += _failures(json.loads(paths[t].read_text()))
-            print(f"wrote {paths[t]}" if args.out or not args.check else "", end="")
+            payload = json.loads(paths[t].read_text())
+            failures += _failures(payload)
+            if args.out or not args.check:
+                print(f"wrote {paths[t]}")
+            if mode == "suite":
+                for name, derived in compiled_results(payload, RESULTS).items():
+                    (out / name).write_text(json.dumps(derived, indent=1) + "\n")
+                    print(f"wrote {out / name}")
     return _report(failures, args.check)
+
+
+def compiled_results(payload: dict, results: Path) -> dict[str, dict]:
+    """The memory and ring rows of a compile run as results of those suites, labelled compiled
+    (`memory-<target>-compiled.json`, `ring-<target>-compiled.json`): compiled temporaries,
+    nothing run. A ring row's `of_cpu` is its share of the causal ring's per-device temporaries
+    on simulated CPU devices (`ring-cpu-cpu.json` in `results`, where present)."""
+    from . import memory as memory_suite
+
+    target = payload["device"]["target"]
+    head = {k: payload[k] for k in ("date", "device", "versions", "git_commit", "compiled_on")}
+    head["compiled"] = True
+    keep = ("case", "n", "temp_mb", "of_dense", "compile_s")
+    memory = [
+        {"part": "core", **{k: r[k] for k in keep}}
+        for r in payload["programs"]
+        if r["part"] == "core" and "temp_mb" in r
+    ]
+    out = {}
+    if memory:
+        out[f"memory-{target}-compiled.json"] = {
+            "suite": "memory",
+            **head,
+            "batch_heads": memory_suite.BH,
+            "dim": memory_suite.DIM,
+            "dtype": "float32",
+            "rows": memory,
+        }
+    cpu = results / "ring-cpu-cpu.json"
+    cpu_rows = json.loads(cpu.read_text())["rows"] if cpu.exists() else []
+    cpu_mb = next((r["temp_mb"] for r in cpu_rows if r.get("case") == "ring, causal"), None)
+    ring = []
+    for r in payload["programs"]:
+        if r["part"] == "ring" and r["compiled"]:
+            row = {"part": "memory", **{k: r[k] for k in ("case", "n", "devices")}}
+            row["temp_mb"] = r["temp_bytes"] / 2**20
+            row |= {k: r[k] for k in ("collective_permutes", "all_gathers", "compile_s")}
+            ring.append(row | ({"of_cpu": row["temp_mb"] / cpu_mb} if cpu_mb else {}))
+    if ring:
+        topology = payload["device"]["ring_topology"]
+        out[f"ring-{target}-compiled.json"] = {
+            "suite": "ring",
+            **head,
+            "devices": f"{ring[0]['devices']} devices, topology {topology}",
+            "dim": 64,
+            "dtype": "bfloat16",
+            "rows": ring,
+        }
+    return out
 
 
 # The fused kernel's compiled forward+backward temporaries at n = m = 16,384, at most this

@@ -23,7 +23,7 @@ def _load(results: Path, suite: str) -> list[dict]:
 
 def _source(payload) -> str:
     dev, v = payload["device"], payload["versions"]
-    if payload["suite"] == "compile":
+    if payload["suite"] == "compile" or payload.get("compiled"):
         return (
             f"{dev['description']}, compiled with no device (not run), jax {v.get('jax')}, "
             f"{payload['date'][:10]}, commit {payload.get('git_commit')}"
@@ -98,34 +98,37 @@ def memory(payload) -> str:
     t = {r["case"]: r for r in rows if r["part"] == "core-time"}
     solver = [r for r in rows if r["part"] == "solver"]
     long = [r for r in rows if r["part"] == "long-sequence"]
+    timed = [f"fwd+bwd ms at n = m = {next(iter(t.values()))['n']}"] if t else []
     text = _table(
+        [f"case (n = m = {core[0]['n']})", "temp MB", "of dense", *timed],
         [
-            f"case (n = m = {core[0]['n']})",
-            "temp MB",
-            "of dense",
-            f"fwd+bwd ms at n = m = {next(iter(t.values()))['n']}",
-        ],
-        [
-            [
-                r["case"],
-                f"{r['temp_mb']:.1f}",
-                f"{r['of_dense']:.1%}",
-                f"{t[r['case']]['ms']:.3g}" if r["case"] in t else "",
-            ]
+            [r["case"], f"{r['temp_mb']:.1f}", f"{r['of_dense']:.1%}"]
+            + ([f"{t[r['case']]['ms']:.3g}" if r["case"] in t else ""] if t else [])
             for r in core
         ],
     )
+    if payload.get("compiled"):
+        text += (
+            f"\n\nCompiled, not run: the attention core's forward+backward "
+            f"(batch x heads = {payload['batch_heads']}, d = {payload['dim']}, "
+            f"{payload['dtype']}), temporaries from the compiled program."
+        )
     steps = sorted({r["steps"] for r in solver})
-    text += "\n\n" + _table(
-        ["backward"] + [f"{s} steps (MB)" for s in steps],
-        [
-            [case]
-            + [
-                f"{next(r['temp_mb'] for r in solver if r['case'] == case and r['steps'] == s):.2f}"
-                for s in steps
-            ]
-            for case in ("implicit", "unrolled")
-        ],
+    text += (
+        ""
+        if not solver
+        else "\n\n"
+        + _table(
+            ["backward"] + [f"{s} steps (MB)" for s in steps],
+            [
+                [case]
+                + [
+                    f"{next(r['temp_mb'] for r in solver if r['case'] == case and r['steps'] == s):.2f}"
+                    for s in steps
+                ]
+                for case in ("implicit", "unrolled")
+            ],
+        )
     )
     for r in long:
         peak = r["device_peak_mb"] if r.get("device_peak_mb") else r["peak_rss_mb"]
@@ -329,13 +332,20 @@ def training(payload) -> str:
 def ring(payload) -> str:
     rows = payload["rows"]
     memory = [r for r in rows if r["part"] == "memory"]
-    text = f"On {payload.get('devices', 'several devices')}, d = {payload.get('dim')}, float32.\n\n"
+    dtype = payload.get("dtype", "float32")
+    text = f"On {payload.get('devices', 'several devices')}, d = {payload.get('dim')}, {dtype}"
+    text += ", compiled, not run.\n\n" if payload.get("compiled") else ".\n\n"
+    share, key = (
+        ("of the causal ring on CPU", "of_cpu")
+        if payload.get("compiled")
+        else ("of one device", "of_one_device")
+    )
     text += _table(
         [
             f"forward+backward, n = m = {memory[0]['n']}",
             "devices",
             "temp MB per device",
-            "of one device",
+            share,
             "collective permutes",
             "all-gathers",
         ],
@@ -344,7 +354,7 @@ def ring(payload) -> str:
                 r["case"],
                 r["devices"],
                 f"{r['temp_mb']:.1f}",
-                f"{r['of_one_device']:.3f}",
+                f"{r[key]:.3f}" if key in r else "",
                 r["collective_permutes"],
                 r["all_gathers"],
             ]
@@ -352,19 +362,24 @@ def ring(payload) -> str:
         ],
     )
     times = [r for r in rows if r["part"] == "time"]
-    text += "\n\n" + _table(
-        ["case", "n = m", "fwd+bwd ms", "us per token", "x one device", "causal / plain ring"],
-        [
+    text += (
+        ""
+        if not times
+        else "\n\n"
+        + _table(
+            ["case", "n = m", "fwd+bwd ms", "us per token", "x one device", "causal / plain ring"],
             [
-                r["case"],
-                r["n"],
-                f"{r['ms']:.3g}",
-                f"{r['us_per_token']:.3g}",
-                f"{r['x_one_device']:.2f}",
-                f"{r['of_plain_ring']:.2f}" if "of_plain_ring" in r else "",
-            ]
-            for r in times
-        ],
+                [
+                    r["case"],
+                    r["n"],
+                    f"{r['ms']:.3g}",
+                    f"{r['us_per_token']:.3g}",
+                    f"{r['x_one_device']:.2f}",
+                    f"{r['of_plain_ring']:.2f}" if "of_plain_ring" in r else "",
+                ]
+                for r in times
+            ],
+        )
     )
     skipped = next((r["skipped_pairs"] for r in times if "skipped_pairs" in r), None)
     if skipped is not None:
@@ -410,6 +425,13 @@ def _kernel_cells(rows, gpu: bool) -> list[str]:
     return cells
 
 
+def _program_cells(r: dict) -> list[str]:
+    if not r["compiled"]:
+        return ["no", "", ""]
+    path = "cuDNN" if r.get("cudnn") else "fused kernel" if r.get("pallas_kernels") else "XLA"
+    return ["yes", f"{r['temp_bytes'] / 2**20:.1f}", path]
+
+
 def compile_table(payload) -> str:
     """Per dtype and d: configurations compiled, refused, failed; the kernels' worst resources;
     then the whole programs."""
@@ -450,29 +472,12 @@ def compile_table(payload) -> str:
         f"{len({r['pass'] for r in rows})} programs ({', '.join(sorted({r['pass'] for r in rows}))})"
         + (f"; scoped VMEM limit {limit / 2**20:.0f} MiB." if limit else ".")
     )
-    programs = payload.get("programs", [])
+    # The memory and ring rows print in those suites' tables (`compile.compiled_results`).
+    programs = [r for r in payload.get("programs", []) if r.get("part") == "program"]
     if programs:
         text += "\n\n" + _table(
-            ["program", "compiled", "temporaries MB", "of XLA dense", "attention", "permutes"],
-            [
-                [
-                    r["case"],
-                    "yes" if r["compiled"] else "no",
-                    f"{r['temp_bytes'] / 2**20:.1f}" if r["compiled"] else "",
-                    f"{r['of_dense']:.2%}" if "of_dense" in r else "",
-                    (
-                        "cuDNN"
-                        if r.get("cudnn")
-                        else "fused kernel"
-                        if r.get("pallas_kernels")
-                        else "XLA"
-                    )
-                    if r["compiled"]
-                    else "",
-                    r.get("collective_permutes", ""),
-                ]
-                for r in programs
-            ],
+            ["program", "compiled", "temporaries MB", "attention"],
+            [[r["case"], *_program_cells(r)] for r in programs],
         )
     control = payload["negative_control"]
     verdict = "judged a failure" if control["problems"] else "NOT judged a failure"

@@ -74,19 +74,20 @@ REFUSAL = "has no spill-free tiling"
 # `python -m benchmarks compile --sweep --target h100` (results in
 # `benchmarks/results/compile-sweep-h100.json`, 8 x 4,096 queries and keys): 54 forward tiles
 # and 64 backward tiles (16 to 128 queries x keys, 4 or 8 warps, 1 to 3 stages) of each kernel
-# compiled by ptxas for sm_90a, and for each kernel the chosen tile is, in order: free of
-# register spills; one whose PTX has Hopper's warpgroup MMA (wgmma) if a spill-free one does;
-# the one with the most resident warps per SM (occupancy, from its registers, shared memory and
-# threads); the largest (queries x keys); the fewest warps, then stages. Every entry has a
-# spill-free tile today; None would mark a (dtype, D) without one, refused before compiling
-# (`refusal`). The compiler reports resources, not speed: these tiles are not timed (the `kernel`
-# suite times alternatives on a GPU).
+# compiled by ptxas for sm_90a, without a mask and with a per-query `[n, m]` mask, and for each
+# kernel the chosen tile is, in order: free of register spills in both; one whose PTX has
+# Hopper's warpgroup MMA (wgmma) if a spill-free one does; the one with the most resident warps
+# per SM (occupancy, from its registers, shared memory and threads); the largest (queries x
+# keys); the fewest warps, then stages. None marks a (dtype, D) where some kernel has no such
+# tile, refused before compiling (`refusal`): float32 at D = 256, whose dk/dv kernel spills in
+# every tiling with a per-query mask (at least 2,524 bytes). The compiler reports resources, not
+# speed: these tiles are not timed (the `kernel` suite times alternatives on a GPU).
 _H100: dict[tuple[str, int], Blocks | None] = {
     ("float32", 16): Blocks(Tile(128, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
     ("float32", 32): Blocks(Tile(64, 32, 8, 1), Tile(16, 128, 8, 1), Tile(64, 16, 8, 1)),
     ("float32", 64): Blocks(Tile(64, 64, 8, 1), Tile(128, 64, 8, 1), Tile(64, 16, 8, 2)),
     ("float32", 128): Blocks(Tile(64, 128, 8, 1), Tile(16, 64, 8, 1), Tile(64, 32, 8, 1)),
-    ("float32", 256): Blocks(Tile(32, 128, 8, 1), Tile(16, 16, 8, 1), Tile(16, 64, 8, 1)),
+    ("float32", 256): None,
     ("bfloat16", 16): Blocks(Tile(64, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
     ("bfloat16", 32): Blocks(Tile(128, 32, 8, 1), Tile(64, 16, 4, 1), Tile(128, 16, 8, 1)),
     ("bfloat16", 64): Blocks(Tile(64, 32, 8, 1), Tile(128, 16, 8, 2), Tile(64, 16, 8, 1)),
