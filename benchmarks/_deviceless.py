@@ -170,9 +170,13 @@ def compile_program(target: Target, fn, args, inspect=None) -> dict:
 
 
 def _short(error: str, limit: int = 600) -> str:
-    """The first lines of an error (XLA's can run to pages of HLO)."""
+    """The first lines of an error (XLA's can run to pages of HLO), and any later line that
+    states a limit (Mosaic's comes after the HLO of the kernel that exceeded it)."""
     error = error.split("\n--------------------")[0].strip()
-    return error if len(error) <= limit else error[:limit] + " ..."
+    if len(error) <= limit:
+        return error
+    limits = [line[:300] for line in error[limit:].splitlines() if re.search(r"\blimit\b", line)]
+    return " ... ".join([error[:limit], *limits[:3]])
 
 
 # --- GPU: PTX, thunk sequence and ptxas's log -----------------------------------------------
