@@ -200,6 +200,13 @@ PLOTS = {
 }
 
 
+def drawable(payload: dict) -> bool:
+    """Whether a results file has a plot: a suite with one, rows, and something run (the
+    compiled-only memory and ring results have tables, no plots)."""
+    suite = payload["suite"].removesuffix("-quick")
+    return suite in PLOTS and bool(payload["rows"]) and not payload.get("compiled")
+
+
 def plot_file(path: Path, out_dir: Path) -> Path | None:
     import matplotlib
 
@@ -207,9 +214,9 @@ def plot_file(path: Path, out_dir: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     payload = json.loads(path.read_text())
-    draw = PLOTS.get(payload["suite"].removesuffix("-quick"))
-    if draw is None or not payload["rows"]:
+    if not drawable(payload):
         return None
+    draw = PLOTS[payload["suite"].removesuffix("-quick")]
     fig = plt.figure(figsize=(12, 4.5), layout="constrained")
     draw(fig, payload["rows"])
     dev = payload["device"]

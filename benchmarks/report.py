@@ -90,6 +90,11 @@ def core(payload) -> str:
     )
 
 
+def _share(x: float) -> str:
+    """A percentage, with two significant figures below 0.1%."""
+    return f"{x:.1%}" if x >= 0.001 else f"{100 * x:.2g}%"
+
+
 def memory(payload) -> str:
     rows = payload["rows"]
     core = [
@@ -102,7 +107,7 @@ def memory(payload) -> str:
     text = _table(
         [f"case (n = m = {core[0]['n']})", "temp MB", "of dense", *timed],
         [
-            [r["case"], f"{r['temp_mb']:.1f}", f"{r['of_dense']:.1%}"]
+            [r["case"], f"{r['temp_mb']:.1f}", _share(r["of_dense"])]
             + ([f"{t[r['case']]['ms']:.3g}" if r["case"] in t else ""] if t else [])
             for r in core
         ],
@@ -481,7 +486,10 @@ def compile_table(payload) -> str:
         )
     control = payload["negative_control"]
     verdict = "judged a failure" if control["problems"] else "NOT judged a failure"
-    text += f"\n\nNegative control (an oversized tiling): {verdict}: {control['problems'][0][:160] if control['problems'] else ''}"
+    why = " ".join(control["problems"][0].split())[:160] if control["problems"] else ""
+    if control.get("reported_vmem_limit"):
+        why += f" (the limit it names: {control['reported_vmem_limit'] / 2**20:g} MiB)"
+    text += f"\n\nNegative control (an oversized tiling): {verdict}: {why}"
     return text
 
 

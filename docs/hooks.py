@@ -38,7 +38,7 @@ def on_page_markdown(markdown, page, **kwargs):
         parts.append(
             f"### {suite}: {report._source(payload)}\n\n{report.SECTIONS[suite](payload)}\n"
         )
-        if payload["suite"] in plot.PLOTS and payload["rows"]:
+        if plot.drawable(payload):
             # raw HTML: the plots are drawn into the built site (on_post_build), not the sources
             parts.append(f'<img src="../plots/{path.stem}.png" alt="{path.stem}" width="800">\n')
     return markdown.replace(MARK, "\n".join(parts))
