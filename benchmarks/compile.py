@@ -529,9 +529,13 @@ MEMORY_TARGET = 0.05
 def _failures(payload: dict) -> list[str]:
     target = payload["device"]["target"]
     out = [f"{target}: {_describe(r)}" for r in payload["rows"] if r["problems"]]
+    cuda = payload["device"]["platform"] == "cuda"
     for r in payload["programs"]:
         if r["problems"]:
             out.append(f"{target}: {r['case']}: {'; '.join(r['problems'])[:300]}")
+        elif r["case"] in CHECKED_PROGRAMS and r["cudnn"] != cuda:
+            # "auto" follows the platform compiled for: cuDNN for the H100, never for a TPU
+            out.append(f"{target}: {r['case']}: cuDNN {'missing' if cuda else 'present'}")
         elif r["case"] == "eqattn-pallas" and r["of_dense"] > MEMORY_TARGET:
             out.append(f"{target}: the fused kernel holds {r['of_dense']:.1%} of dense's memory")
     control = payload["negative_control"]

@@ -206,6 +206,19 @@ def poisoned(out, lse, poison):
     return out, None if lse is None else jnp.where(poison > 1, jnp.array(jnp.nan, lse.dtype), lse)
 
 
+@ft.cache
+def cudnn_buildable() -> bool:
+    """Whether this jax can build cuDNN's attention call: it needs the CUDA plugin (a CPU-only
+    install raises "cuDNN is not detected" while tracing it)."""
+    spec = jax.ShapeDtypeStruct((1, 128, 1, 64), jnp.bfloat16)
+    fused = ft.partial(jax.nn.dot_product_attention, implementation="cudnn")
+    try:
+        jax.eval_shape(fused, spec, spec, spec)
+    except RuntimeError:
+        return False
+    return True
+
+
 def dispatch(
     queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool, tiling=None
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -214,7 +227,8 @@ def dispatch(
     `"auto"` follows the platform the program is compiled for, not the host: where it would run
     cuDNN on a GPU, the program holds both paths (`lax.platform_dependent`), and the compiler
     keeps cuDNN's for CUDA and the other choice elsewhere, so a program exported or compiled for
-    a GPU from a CPU host carries cuDNN, and one for a CPU from a GPU host does not."""
+    a GPU from a CPU host carries cuDNN, and one for a CPU from a GPU host does not. A jax that
+    cannot build cuDNN's call (no CUDA plugin installed) builds the other choice alone."""
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     check_chunk_size(chunk_size)
     tiling = _core.check_tiling(tiling)
@@ -233,7 +247,7 @@ def dispatch(
     on_gpu = choose(backend="gpu") if implementation == "auto" else choice
     queries, keys, values, beta, poison = sanitize(queries, keys, values, beta, mask, batch)
     cudnn = ft.partial(_cudnn_attention, mask=mask, batch=batch)
-    if implementation == "auto" and on_gpu == "cudnn":
+    if implementation == "auto" and on_gpu == "cudnn" and cudnn_buildable():
         elsewhere = choose(backend="cpu")
         core = ft.partial(
             _computed, elsewhere, mask=mask, batch=batch, chunk_size=chunk_size, tiling=tiling

@@ -210,3 +210,16 @@ def test_compiled_memory_and_ring_rows_become_results_of_those_suites(tmp_path):
     (row,) = ring["rows"]
     assert (row["temp_mb"], row["of_cpu"], row["devices"]) == (100.0, 2.0, 8)
     assert suite.compiled_results({**head, "programs": programs[:1]}, tmp_path) == {}
+
+
+def test_the_auto_program_must_follow_the_platform():
+    # The check fails a CUDA program of "auto" without cuDNN's call, or a TPU one with it.
+    def payload(platform, cudnn):
+        program = {"case": suite.CHECKED_PROGRAMS[0], "problems": [], "cudnn": cudnn}
+        control = {"problems": ["did not compile"], "reported_vmem_limit": None}
+        device = {"target": "t", "platform": platform}
+        return {"device": device, "rows": [], "programs": [program], "negative_control": control}
+
+    assert suite._failures(payload("cuda", True)) == []
+    assert "cuDNN missing" in suite._failures(payload("cuda", False))[0]
+    assert "cuDNN present" in suite._failures(payload("tpu", True))[0]
