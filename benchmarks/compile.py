@@ -227,7 +227,7 @@ PROGRAMS = {
 }
 
 
-RING_TOKENS = 65536
+RING_TOKENS, RING_DIM, RING_DTYPE = 65536, 64, "bfloat16"
 
 
 def _ring_rows(target) -> list[dict]:
@@ -248,7 +248,8 @@ def _ring_rows(target) -> list[dict]:
     devices = _deviceless.topology_devices(target, target.ring_topology)
     mesh = Mesh(np.asarray(devices), ("seq",))
     sharding = NamedSharding(mesh, PartitionSpec(None, "seq", None))
-    spec = jax.ShapeDtypeStruct((4, RING_TOKENS, 64), jnp.bfloat16, sharding=sharding)
+    shape, dtype = (4, RING_TOKENS, RING_DIM), jnp.dtype(RING_DTYPE)
+    spec = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     def ops(text: str) -> dict:
         ops = r" (collective-permute|all-gather|all-to-all)(?:-start)?\("
@@ -514,8 +515,8 @@ def compiled_results(payload: dict, results: Path) -> dict[str, dict]:
             "suite": "ring",
             **head,
             "devices": f"{ring[0]['devices']} devices, topology {topology}",
-            "dim": 64,
-            "dtype": "bfloat16",
+            "dim": RING_DIM,
+            "dtype": RING_DTYPE,
             "rows": ring,
         }
     return out
