@@ -170,7 +170,7 @@ def deq(payload) -> str:
                 "grad norm",
             ],
             [
-                [r["method"], "", "", "", "", "", "", "", f"failed: {r['error'][:80]}"]
+                [r["method"], *[""] * 7, f"failed: {r['error'].splitlines()[0][:80]}"]
                 if r.get("error")
                 else [
                     r["method"],

@@ -63,7 +63,14 @@ def _derived_figures():
     for r in _results("ring-cpu-cpu")["rows"]:
         if r.get("of_one_device") is not None:
             yield f"{100 * r['of_one_device']:.1f}"  # % of one device's memory
-    yield f"{_results('deq-gpu-nvidia-h100-80gb-hbm3')['floor_ms']:.2f}"  # P1's floor, H100
+    yield f"{_results('deq-gpu-nvidia-h100-80gb-hbm3')['floor_ms']['P1 float32']:.2f}"  # H100
+    ms = {  # the fused kernel's share of cuDNN's throughput, H100, bf16, n = m = 16384
+        (r["mode"], r["impl"]): r["ms"]
+        for r in gpu["rows"]
+        if r["n"] == 16384 and r["dtype"] == "bfloat16"
+    }
+    for mode in ("forward", "forward+backward"):
+        yield f"{100 * ms[mode, 'cudnn'] / ms[mode, 'eqattn-pallas']:.0f}"
     rows = {r["case"]: r["accuracy_mean"] for r in _results("training-cpu-cpu")["rows"]}
     defaults = next(v for k, v in rows.items() if k.startswith("eqattn train defaults"))
     for v in rows.values():  # points lost against the defaults
@@ -76,7 +83,7 @@ _NOT_MEASURED = set("0.5 0.6 0.8 1.5 2 5 8 60 64 97.5 128 256 512 4096 16384 65,
 # Each summary bullet (by its bold title's first word) and the suites its figures come from.
 _SOURCES = {
     "Core": ("core",),
-    "The": ("compile", "memory"),  # the fused kernel: compiled, not timed yet
+    "The": ("compile", "memory", "core", "kernel"),  # the fused kernel
     "Chunked": ("memory",),
     "Implicit": ("memory",),
     "16k": ("memory",),
