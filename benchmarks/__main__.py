@@ -13,7 +13,18 @@ from pathlib import Path
 
 from ._harness import device_description, write_results
 
-SUITES = ("core", "kernel", "deq", "training", "memory", "layers", "scaling", "ring", "closure")
+SUITES = (
+    "core",
+    "causal",
+    "kernel",
+    "deq",
+    "training",
+    "memory",
+    "layers",
+    "scaling",
+    "ring",
+    "closure",
+)
 
 
 # Commands with options of their own: `python -m benchmarks compile ...`, `... gpu ...`.

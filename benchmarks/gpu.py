@@ -2,7 +2,7 @@
 
 `python -m benchmarks gpu [--out DIR] [--step N|NAME ...] [--all] [--list] [--dry-run]`
 
-Eight steps, each a process of its own limited to 8 minutes, each writing one file into `DIR`
+Nine steps, each a process of its own limited to 8 minutes, each writing one file into `DIR`
 (default `gpu-run/`, ignored by git), so a machine lent for half an hour with commands of at most
 10 minutes can run them one call at a time:
 
@@ -10,7 +10,8 @@ Eight steps, each a process of its own limited to 8 minutes, each writing one fi
    reference, cuDNN), their report in `accelerator-tests.txt`;
 2. `kernel`: the fused kernel's tile sweep; 3. `core`; 4. `memory`; 5. `deq` (P1 and P2);
 6. `layers`; 7. `scaling`: the benchmark suites, each its JSON file;
-8. `training`: the training suite's `--short` run (the explicit baseline and the defaults).
+8. `training`: the training suite's `--short` run (the explicit baseline and the defaults);
+9. `causal`: `causal=True` against a dense causal mask, cuDNN's causal kernel and no causality.
 
 Without `--step`, a call runs the first step whose file is not in `DIR` yet (`--all`: every such
 step), so calling it again resumes; `--step` reruns the steps named. A step past its time limit
@@ -67,6 +68,7 @@ STEPS = (
     Step("layers", "the equilibrium layers"),
     Step("scaling", "sequence length and devices"),
     Step("training", "a short training run: explicit baseline and defaults"),
+    Step("causal", "causal=True against dense causal masks, cuDNN and no causality"),
 )
 
 

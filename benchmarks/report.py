@@ -493,8 +493,30 @@ def compile_table(payload) -> str:
     return text
 
 
+def causal(payload) -> str:
+    """One row per size and case: forward+backward time, its ratio to XLA's dense causal mask,
+    and the gradients' relative error against it."""
+    return _table(
+        ["n = m", "dtype", "case", "fwd+bwd ms", "x xla", "rel. error vs xla"],
+        [
+            [r["n"], r["dtype"], r["case"], "", "", f"failed: {r['error'].splitlines()[0][:80]}"]
+            if r.get("error")
+            else [
+                r["n"],
+                r["dtype"],
+                r["case"],
+                f"{r['ms']:.3g}",
+                f"{r['x_xla']:.2f}",
+                "" if r["rel_error"] is None else f"{r['rel_error']:.1e}",
+            ]
+            for r in payload["rows"]
+        ],
+    )
+
+
 SECTIONS = {
     "core": core,
+    "causal": causal,
     "kernel": kernel,
     "training": training,
     "memory": memory,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from ._causal import causal_mask
 from ._core import Implementation, Tiling
 from ._implementation import dispatch
 
@@ -21,6 +22,7 @@ def attention_with_lse(
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    causal: bool = False,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
     tiling: Tiling | None = None,
@@ -54,6 +56,11 @@ def attention_with_lse(
       What it hides is inert: NaN or inf there reaches neither the outputs nor the gradients. A
       query that sees a non-finite key, or is non-finite itself, gets NaN `lse` and `out`; one
       that sees a non-finite value gets a NaN `out` row.
+    - `causal`: query $i$ sees key $j$ only if $j \le i + (m - n)$ (the causal mask aligned at
+      the bottom right: with $n = m$, keys $0..i$; $n$ new queries after $m - n$ cached keys see
+      the cache and the keys up to their own), combined with `mask`. No `n x m` mask is formed
+      and the blocks above the diagonal are not computed, by every implementation (see
+      [`eqattn.Tiling`][]`.causal_leaf`); cuDNN takes it when $n = m$. Static.
     - `chunk_size`: process the keys in blocks of this many with a running (max, sum-exp, weighted
       sum) (online softmax), forward and backward, so memory is $O(n \cdot \mathrm{chunk})$ rather
       than $O(nm)$. `None` picks automatically: on CPU, tiles of queries (memory
@@ -85,6 +92,7 @@ def attention_with_lse(
         implementation=implementation,
         tiling=tiling,
         need_lse=True,
+        causal=causal,
     )
 
 
@@ -94,6 +102,7 @@ def log_normalizer(
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    causal: bool = False,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
     tiling: Tiling | None = None,
@@ -117,6 +126,7 @@ def log_normalizer(
         beta=beta,
         mask=mask,
         chunk_size=chunk_size,
+        causal=causal,
         implementation=implementation,
         tiling=tiling,
     )[1]
@@ -129,6 +139,7 @@ def attention(
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    causal: bool = False,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
     tiling: Tiling | None = None,
@@ -154,6 +165,7 @@ def attention(
         implementation=implementation,
         tiling=tiling,
         need_lse=False,
+        causal=causal,
     )[0]
 
 
@@ -163,6 +175,7 @@ def attention_weights(
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    causal: bool = False,
     implementation: Implementation = "auto",
     tiling: Tiling | None = None,
 ) -> Float[Array, "*batch n m"]:
@@ -175,13 +188,21 @@ def attention_weights(
     """
     queries, keys = jnp.asarray(queries), jnp.asarray(keys)
     lse = log_normalizer(
-        queries, keys, beta=beta, mask=mask, implementation=implementation, tiling=tiling
+        queries,
+        keys,
+        beta=beta,
+        mask=mask,
+        causal=causal,
+        implementation=implementation,
+        tiling=tiling,
     )
     b = jnp.asarray(beta, jnp.promote_types(lse.dtype, jnp.float32))[..., None, None]
     logits = b * jnp.einsum("...nd,...md->...nm", queries, keys, preferred_element_type=b.dtype)
     keep = jnp.isfinite(lse)[..., None]  # fully masked rows are 0
     if mask is not None:
         keep = keep & jnp.asarray(mask)
+    if causal:  # this operator's output is n x m anyway
+        keep = keep & causal_mask(queries.shape[-2], keys.shape[-2])
     safe = jnp.where(jnp.isfinite(lse), lse, 0).astype(b.dtype)[..., None]
     return jnp.where(keep, jnp.exp(logits - safe), 0).astype(lse.dtype)
 

@@ -48,6 +48,9 @@ class Tiling:
       12 GB, key chunks of 1024 0.58 GB, query tiles 0.04 GB.)
     - `chunk_size` (default 1024): keys per block when the chunked path is taken without an
       explicit `chunk_size` argument.
+    - `causal_leaf` (default 512): with `causal=True`, the diagonal blocks are halved until they
+      have at most this many queries; only these leaves take a (`leaf x leaf`) triangular mask,
+      and the blocks above the diagonal are never computed.
     """
 
     forward_logits: int = 1 << 19
@@ -55,6 +58,7 @@ class Tiling:
     min_logits: int = 1 << 16
     auto_chunk_logits: int = 1 << 26
     chunk_size: int = 1024
+    causal_leaf: int = 512
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _core
+from . import _causal, _core
 from ._core import Implementation, check_implementation
 from ._pallas import attention_core as pallas_attention_core
 
@@ -41,7 +41,7 @@ _PALLAS_DTYPES = {
 }
 
 
-def cudnn_unsupported(queries, keys, values, mask, backend: str) -> str | None:
+def cudnn_unsupported(queries, keys, values, mask, backend: str, causal=False) -> str | None:
     """Why cuDNN's fused attention cannot run these inputs, or None if it can."""
     if backend != "gpu":
         return f"it needs an NVIDIA GPU (the default backend is {backend!r})"
@@ -59,6 +59,11 @@ def cudnn_unsupported(queries, keys, values, mask, backend: str) -> str | None:
         )
     if queries.shape[-2] == 0 or keys.shape[-2] == 0:
         return "it needs at least one query and one key"
+    if causal and queries.shape[-2] != keys.shape[-2]:
+        return (
+            "its causal mask is aligned at the top left, eqattn's at the bottom right: they agree "
+            f"only for as many queries as keys; got n = {queries.shape[-2]}, m = {keys.shape[-2]}"
+        )
     del mask
     return None
 
@@ -92,6 +97,7 @@ def select_implementation(
     need_lse: bool = False,
     backend: str | None = None,
     tiling: _core.Tiling | None = None,
+    causal: bool = False,
 ) -> Literal["xla", "chunked", "cudnn", "pallas"]:
     r"""The implementation that `attention` (`need_lse=False`) or `attention_with_lse`
     (`need_lse=True`) runs for these inputs.
@@ -110,7 +116,7 @@ def select_implementation(
     check_implementation(implementation, need_lse=need_lse)
     if implementation in ("cudnn", "pallas"):
         if implementation == "cudnn":
-            reason = cudnn_unsupported(queries, keys, values, mask, backend)
+            reason = cudnn_unsupported(queries, keys, values, mask, backend, causal)
         else:
             reason = pallas_unsupported(queries, keys, values, backend)
         if reason is not None:
@@ -125,7 +131,7 @@ def select_implementation(
     if (
         not need_lse
         and mask is None
-        and cudnn_unsupported(queries, keys, values, mask, backend) is None
+        and cudnn_unsupported(queries, keys, values, mask, backend, causal) is None
     ):
         return "cudnn"
     n, m = queries.shape[-2], keys.shape[-2]
@@ -140,21 +146,22 @@ def as_arrays(queries, keys, values, beta, mask):
     return queries, keys, values, jnp.asarray(beta), mask
 
 
-def make_inert(queries, keys, values, mask, rank):
+def make_inert(queries, keys, values, mask, rank, causal: bool = False):
     """Masked entries made inert: whatever they hold (NaN, inf), the output and the gradients
     equal those of the problem without them (a masked logit is dropped, but 0 * NaN in a matmul
     is NaN).
 
     A mask without a query axis (key padding) is the same for every query: the keys and values
-    no query may see, and the queries that may see no key, are zeroed. A per-query mask can hide
-    a key from some queries only: then every non-finite query, key and value is zeroed, and
-    `poison` (`[..., n]` integers, else `None`) marks the queries it would have reached: 2 where
-    the query itself (seeing some key) or a key it sees is not finite, so `lse` and `out` are
-    NaN; 1 where only a value it sees is, so `out` is NaN (the whole row: which of its entries
-    the value reaches would cost one more `n x m x dv` product). [`poisoned`][] applies it.
+    no query may see, and the queries that may see no key, are zeroed. A per-query mask, or
+    `causal`, can hide a key from some queries only: then every non-finite query, key and value
+    is zeroed, and `poison` (`[..., n]` integers, else `None`) marks the queries it would have
+    reached: 2 where the query itself (seeing some key) or a key it sees is not finite, so `lse`
+    and `out` are NaN; 1 where only a value it sees is, so `out` is NaN (the whole row: which of
+    its entries the value reaches would cost one more `n x m x dv` product). [`poisoned`][]
+    applies it.
 
     Returns `(queries, keys, values, poison)`."""
-    rows = mask if mask.ndim >= 2 else mask[None, :]
+    rows = None if mask is None else mask if mask.ndim >= 2 else mask[None, :]
 
     def trim(x, tail):  # the mask may carry more leading size-1 axes than the batch has
         return x.reshape(x.shape[max(0, x.ndim - (rank + tail)) :])
@@ -162,15 +169,31 @@ def make_inert(queries, keys, values, mask, rank):
     def zero(x, bad):
         return trim(zero_rows(x, bad), 2)
 
-    if rows.shape[-2] == 1:
+    if rows is not None and rows.shape[-2] == 1:
         key_unused = ~jnp.any(rows, axis=-2)  # [..., m]
         query_unused = ~jnp.any(rows, axis=-1)  # [..., 1]
-        return (
+        queries, keys, values = (
             zero(queries, query_unused),
             zero(keys, key_unused),
             zero(values, key_unused),
-            None,
         )
+        if not causal:
+            return queries, keys, values, None
+    n, m = queries.shape[-2], keys.shape[-2]
+    if causal and (rows is None or rows.shape[-2] == 1):
+        # Query i sees a prefix of the keys: what reaches it is a running maximum over them.
+        bad_q, bad_k, bad_v = nonfinite_rows(queries, keys, values)
+        seen = np.clip(np.arange(n) + (m - n), -1, m - 1)
+        keep = jnp.ones((m,), bool) if rows is None else jnp.any(rows, axis=-2)
+        has_key = (seen >= 0) & jnp.take(
+            lax.cummax(keep.astype(jnp.int8), keep.ndim - 1) > 0, seen, axis=-1
+        )
+        code = (2 * bad_k.astype(jnp.int8)) | bad_v.astype(jnp.int8)
+        reached = jnp.where(seen >= 0, jnp.take(lax.cummax(code, code.ndim - 1), seen, axis=-1), 0)
+        poison = jnp.maximum(reached, 2 * (bad_q & has_key).astype(jnp.int8))
+        return zero(queries, bad_q), zero(keys, bad_k), zero(values, bad_v), trim(poison, 1)
+    if causal:
+        rows = rows & _causal.causal_mask(n, m)
     bad_q, bad_k, bad_v = nonfinite_rows(queries, keys, values)
     return (
         zero(queries, bad_q),
@@ -220,7 +243,17 @@ def cudnn_buildable() -> bool:
 
 
 def dispatch(
-    queries, keys, values, *, beta, mask, chunk_size, implementation, need_lse: bool, tiling=None
+    queries,
+    keys,
+    values,
+    *,
+    beta,
+    mask,
+    chunk_size,
+    implementation,
+    need_lse: bool,
+    tiling=None,
+    causal: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Validate, choose the implementation, run it: `(out, lse)` (`lse` None from cuDNN).
 
@@ -231,6 +264,7 @@ def dispatch(
     cannot build cuDNN's call (no CUDA plugin installed) builds the other choice alone."""
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
     check_chunk_size(chunk_size)
+    check_causal(causal)
     tiling = _core.check_tiling(tiling)
     choose = ft.partial(
         select_implementation,
@@ -242,43 +276,52 @@ def dispatch(
         chunk_size=chunk_size,
         need_lse=need_lse,
         tiling=tiling,
+        causal=causal,
     )
     choice = choose()
     on_gpu = choose(backend="gpu") if implementation == "auto" else choice
-    queries, keys, values, beta, poison = sanitize(queries, keys, values, beta, mask, batch)
-    cudnn = ft.partial(_cudnn_attention, mask=mask, batch=batch)
+    queries, keys, values, beta, poison = sanitize(
+        queries, keys, values, beta, mask, batch, causal=causal
+    )
+    cudnn = ft.partial(_cudnn_attention, mask=mask, batch=batch, causal=causal)
+    compute = ft.partial(
+        _computed, mask=mask, batch=batch, chunk_size=chunk_size, tiling=tiling, causal=causal
+    )
     if implementation == "auto" and on_gpu == "cudnn" and cudnn_buildable():
-        elsewhere = choose(backend="cpu")
-        core = ft.partial(
-            _computed, elsewhere, mask=mask, batch=batch, chunk_size=chunk_size, tiling=tiling
-        )
+        core = ft.partial(compute, choose(backend="cpu"))
         out = lax.platform_dependent(
             queries, keys, values, beta, cuda=cudnn, default=lambda *a: core(*a)[0]
         )
         return poisoned(out, None, poison)
     if choice == "cudnn":
         return poisoned(cudnn(queries, keys, values, beta), None, poison)
-    out, lse = _computed(
-        choice,
-        queries,
-        keys,
-        values,
-        beta,
-        mask=mask,
-        batch=batch,
-        chunk_size=chunk_size,
-        tiling=tiling,
-        implementation=implementation,
-    )
+    out, lse = compute(choice, queries, keys, values, beta, implementation=implementation)
     return poisoned(out, lse, poison)
 
 
 def _computed(
-    choice, queries, keys, values, beta, *, mask, batch, chunk_size, tiling, implementation="auto"
+    choice,
+    queries,
+    keys,
+    values,
+    beta,
+    *,
+    mask,
+    batch,
+    chunk_size,
+    tiling,
+    causal=False,
+    implementation="auto",
 ):
     """`(out, lse)` of checked, sanitized inputs by eqattn's core or its fused kernel."""
     q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
-    if choice == "pallas":
+    if causal:
+        if choice == "pallas":
+            backend = _causal.Pallas()
+        else:
+            backend = _causal.Core(implementation, chunk_size, tiling)
+        out, lse = _causal.attention_core(q, k, v, b, mask, backend, tiling.causal_leaf)
+    elif choice == "pallas":
         out, lse = pallas_attention_core(q, k, v, b, mask)
     else:
         plan = _core.plan(q.shape[-2], k.shape[-2], chunk_size, implementation, tiling)
@@ -292,14 +335,19 @@ def validate(queries, keys, values, beta, mask):
     return queries, keys, values, beta, mask, _core.check_inputs(queries, keys, values, beta, mask)
 
 
-def sanitize(queries, keys, values, beta, mask, batch, *, inert: bool = True):
+def sanitize(queries, keys, values, beta, mask, batch, *, inert: bool = True, causal=False):
     """Checked inputs made safe to compute on: `beta` guarded ([`guard_beta`][]) and what the mask
     excludes made inert ([`make_inert`][]; skipped with `inert=False`, for callers that do it
     themselves). Returns `(queries, keys, values, beta, poison)`."""
     poison = None
-    if mask is not None and inert:
-        queries, keys, values, poison = make_inert(queries, keys, values, mask, len(batch))
+    if (mask is not None or causal) and inert:
+        queries, keys, values, poison = make_inert(queries, keys, values, mask, len(batch), causal)
     return queries, keys, values, guard_beta(beta), poison
+
+
+def check_causal(causal) -> None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"`causal` must be True or False (static); got {causal!r}.")
 
 
 def check_chunk_size(chunk_size) -> None:
@@ -345,7 +393,7 @@ def flatten(queries, keys, values, beta, mask, batch):
     return q, k, v, b, mask
 
 
-def _cudnn_attention(queries, keys, values, beta, *, mask, batch):
+def _cudnn_attention(queries, keys, values, beta, *, mask, batch, causal=False):
     """Attention through `jax.nn.dot_product_attention(implementation="cudnn")`.
 
     Inputs already checked; beta is folded into the queries (or into `scale` when it is a concrete
@@ -371,7 +419,9 @@ def _cudnn_attention(queries, keys, values, beta, *, mask, batch):
         else:
             rows = mask.reshape(mask.shape[-2:]) if mask.ndim >= 2 else mask
             mask4 = jnp.broadcast_to(rows, (mask_n, m)).reshape(1, 1, mask_n, m)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask4, scale=scale, implementation=_FUSED)
+    out = jax.nn.dot_product_attention(
+        q, k, v, mask=mask4, scale=scale, is_causal=causal, implementation=_FUSED
+    )
     out = out.reshape(batch + (n, dv))
     if mask is not None:
         any_key = jnp.any(jnp.broadcast_to(mask, batch + (mask_n, m)), axis=-1)
@@ -379,7 +429,7 @@ def _cudnn_attention(queries, keys, values, beta, *, mask, batch):
     return out
 
 
-def cudnn_attention(queries, keys, values, *, beta, mask):
+def cudnn_attention(queries, keys, values, *, beta, mask, causal=False):
     """[`eqattn.attention`][] through cuDNN's kernel, whatever the selection rule says (tests)."""
     queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
-    return _cudnn_attention(queries, keys, values, beta, mask=mask, batch=batch)
+    return _cudnn_attention(queries, keys, values, beta, mask=mask, batch=batch, causal=causal)

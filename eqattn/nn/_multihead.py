@@ -86,7 +86,9 @@ class MultiHeadAttention(eqx.Module):
     - an inverse temperature per head, learned as $\log\beta_h$ (`log_beta`), initialized to
       `beta` (default $1/\sqrt{\mathrm{qk\_size}}$, Equinox's fixed scale);
     - `values` may be omitted (they are then the keys, so `value_size` defaults to `key_size`);
-    - masks broadcasting to `[n, m]`, with fully masked rows giving 0 (not NaN);
+    - masks broadcasting to `[n, m]`, with fully masked rows giving 0 (not NaN), and `causal`
+      (query $i$ sees keys $j \le i + m - n$, with no `n x m` mask: see
+      [`eqattn.attention`][]);
     - `implementation`, the attention kernel (see [`eqattn.select_implementation`][]; `"auto"`
       takes cuDNN's on a GPU for bf16/fp16 without a mask), and `sequence`, an
       [`eqattn.parallel.SequenceSplit`][] that splits the tokens over a mesh axis and attends
@@ -117,6 +119,7 @@ class MultiHeadAttention(eqx.Module):
     use_output_bias: bool = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
     sequence: SequenceSplit | None = eqx.field(static=True)
+    causal: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -137,6 +140,7 @@ class MultiHeadAttention(eqx.Module):
         output_projection: bool = True,
         implementation: Implementation = "auto",
         sequence: SequenceSplit | None = None,
+        causal: bool = False,
         dtype=None,
     ):
         for name, value in (("num_heads", num_heads), ("query_size", query_size)):
@@ -171,6 +175,9 @@ class MultiHeadAttention(eqx.Module):
         beta = 1 / math.sqrt(qk_size) if beta is None else beta
         if beta <= 0:
             raise ValueError(f"`beta` must be > 0; got {beta}.")
+        # A concrete dtype (never weakly typed): an optimizer update would change a weak one and
+        # retrace the user's jitted step.
+        dtype = jax.dtypes.canonicalize_dtype(jnp.float64 if dtype is None else dtype)
         self.log_beta = jnp.full((num_heads,), math.log(beta), dtype=dtype)
         self.num_heads = num_heads
         self.query_size, self.key_size, self.value_size = query_size, key_size, value_size
@@ -180,6 +187,9 @@ class MultiHeadAttention(eqx.Module):
         check_implementation(implementation, need_lse=False)
         self.implementation = implementation
         self.sequence = check_sequence(sequence, implementation)
+        if not isinstance(causal, bool):
+            raise TypeError(f"`causal` must be True or False; got {causal!r}.")
+        self.causal = causal
 
     @property
     def beta(self) -> Float[Array, " heads"]:
@@ -204,11 +214,26 @@ class MultiHeadAttention(eqx.Module):
             per_token(self.value_proj, keys if values is None else values), self.num_heads
         )
         if self.sequence is None:
-            out = attention(q, k, v, beta=self.beta, mask=mask, implementation=self.implementation)
+            out = attention(
+                q,
+                k,
+                v,
+                beta=self.beta,
+                mask=mask,
+                causal=self.causal,
+                implementation=self.implementation,
+            )
         else:
             split = self.sequence
             out = ring_attention(
-                q, k, v, mesh=split.mesh, axis=split.axis, beta=self.beta, mask=mask
+                q,
+                k,
+                v,
+                mesh=split.mesh,
+                axis=split.axis,
+                beta=self.beta,
+                mask=mask,
+                causal=self.causal,
             )
         out = merge_heads(out)
         return out if self.output_proj is None else per_token(self.output_proj, out)
@@ -216,4 +241,5 @@ class MultiHeadAttention(eqx.Module):
     def association(self, queries, keys, *, mask=None) -> Float[Array, "heads n m"]:
         """The softmax (association) matrix per head."""
         q, k = self.project(queries, keys)
-        return attention_weights(q, k, beta=self.beta, mask=mask)  # a fully masked row is 0
+        # a fully masked row is 0
+        return attention_weights(q, k, beta=self.beta, mask=mask, causal=self.causal)

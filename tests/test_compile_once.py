@@ -1,0 +1,68 @@
+"""A user's training step traces once: every parameter leaf has a concrete dtype, so neither the
+first optimizer update (which makes a weakly typed leaf strong in the model) nor the second (in
+Adam's state) changes what `eqx.filter_jit` sees."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import eqattn.nn as enn
+
+DIM, HEADS, TOKENS = 8, 2, 5
+
+
+def _models(key):
+    k = iter(jax.random.split(key, 16))
+    return {
+        "MultiHeadAttention": enn.MultiHeadAttention(HEADS, DIM, key=next(k)),
+        "causal MultiHeadAttention": enn.MultiHeadAttention(HEADS, DIM, key=next(k), causal=True),
+        "ImplicitAttention": enn.ImplicitAttention(DIM, HEADS, key=next(k)),
+        "DEQBlock": enn.DEQBlock(DIM, HEADS, key=next(k)),
+        "EnergyAttention": enn.EnergyAttention(DIM, HEADS, key=next(k), num_memories=4),
+        "Hopfield": enn.Hopfield(DIM, DIM, HEADS, key=next(k)),
+        "HopfieldPooling": enn.HopfieldPooling(DIM, HEADS, key=next(k), num_queries=2),
+        "HopfieldLayer": enn.HopfieldLayer(DIM, 4, HEADS, key=next(k)),
+        "TransformerBlock": enn.TransformerBlock(DIM, HEADS, key=next(k)),
+        # the README's training example's model
+        "DEQTransformer": enn.DEQTransformer(2, DIM, HEADS, key=next(k), in_features=3, max_len=8),
+        "Transformer": enn.Transformer(2, DIM, HEADS, 2, key=next(k), in_features=3, max_len=8),
+    }
+
+
+def _apply(name, model, x):
+    if name.endswith("MultiHeadAttention"):
+        return model(x, x)
+    if name == "Hopfield":
+        return model(x, x)
+    if name.endswith("Transformer"):
+        return model(x[:, :3])
+    return model(x)
+
+
+@pytest.mark.float32
+@pytest.mark.parametrize("name", list(_models(jax.random.key(0))))
+def test_training_step_traces_once(name):
+    model = _models(jax.random.key(0))[name]
+    x = jax.random.normal(jax.random.key(1), (TOKENS, DIM))
+    for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)):
+        assert not leaf.weak_type, (name, leaf.shape)
+    opt = optax.adam(1e-2)
+    state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    traces = []
+
+    @eqx.filter_jit
+    def step(model, state):
+        traces.append(1)
+        loss = lambda m: jnp.mean(_apply(name, m, x) ** 2)  # noqa: E731
+        value, grads = eqx.filter_value_and_grad(loss)(model)
+        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
+        return eqx.apply_updates(model, updates), state, value
+
+    values = []
+    for _ in range(3):
+        model, state, value = step(model, state)
+        values.append(float(value))
+    assert len(traces) == 1, (name, len(traces))
+    assert values[-1] != values[0]  # the parameters moved
