@@ -138,8 +138,11 @@ def versions() -> dict[str, str]:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, with "-dirty" when tracked files differ from it; where there is no
-    repository (a copy of the tree on another machine), `EQATTN_COMMIT` from the environment."""
+    """`EQATTN_COMMIT` from the environment where it is set (a copy of the tree on another
+    machine, whose repository, if any, may be stale); else the checkout's commit, with "-dirty"
+    when tracked files differ from it."""
+    if os.environ.get("EQATTN_COMMIT"):
+        return os.environ["EQATTN_COMMIT"][:7]
     try:
         run = lambda *a: subprocess.run(  # noqa: E731
             ["git", *a], capture_output=True, text=True, check=True
@@ -147,7 +150,7 @@ def git_commit() -> str | None:
         commit = run("rev-parse", "--short", "HEAD")
         return commit + ("-dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("EQATTN_COMMIT")
+        return None
 
 
 def write_results(out_dir: Path, suite: str, rows: list[dict], extra: dict | None = None) -> Path:

@@ -44,6 +44,12 @@ def _core(fig, rows):
         _lines(ax, series, "n = m", "time (ms)", mode)
 
 
+def _causal(fig, rows):
+    ax = fig.subplots()
+    series = _series(rows, lambda r: f"{r['case']} ({r['dtype']})", "n", "ms")
+    _lines(ax, series, "n = m", "time (ms)", "causal attention, forward+backward")
+
+
 def _memory(fig, rows):
     axes = fig.subplots(1, 2)
     core = [r for r in rows if r["part"] == "core"]
@@ -189,6 +195,7 @@ def _closure(fig, rows):
 
 PLOTS = {
     "core": _core,
+    "causal": _causal,
     "kernel": _kernel,
     "training": _training,
     "memory": _memory,

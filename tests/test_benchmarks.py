@@ -128,7 +128,7 @@ def test_gpu_command_steps_resume_and_list(tmp_path):
 
     first = gpu("--dry-run")
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "step 1/8: tests" in first.stdout and "steps left: kernel," in first.stdout
+    assert "step 1/9: tests" in first.stdout and "steps left: kernel," in first.stdout
     report = (tmp_path / "accelerator-tests.txt").read_text()
     assert "skipped" in report and "deselected" in report  # selected by marker, none failed
     listing = gpu("--list").stdout

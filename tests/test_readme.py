@@ -84,6 +84,7 @@ _NOT_MEASURED = set("0.5 0.6 0.8 1.5 2 5 8 60 64 97.5 128 256 512 4096 16384 65,
 _SOURCES = {
     "Core": ("core",),
     "The": ("compile", "memory", "core", "kernel"),  # the fused kernel
+    "Causal": ("causal",),
     "Chunked": ("memory",),
     "Implicit": ("memory",),
     "16k": ("memory",),
