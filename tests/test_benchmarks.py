@@ -54,8 +54,15 @@ def _check_scaling(scaling):
     assert [r["devices"] for r in scaling["rows"] if r["part"] == "devices"] == [1, 2]
 
 
+def _check_causal(payload):
+    # every case computes the baseline's gradients (float32 on a CPU)
+    errors = {r["case"]: r["rel_error"] for r in payload["rows"] if r.get("rel_error") is not None}
+    assert errors and max(errors.values()) < 1e-4, errors
+
+
 CHECKS = {
     "core": _check_core,
+    "causal": _check_causal,
     "kernel": _check_kernel,
     "deq": _check_deq,
     "training": _check_training,
