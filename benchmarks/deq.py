@@ -197,9 +197,20 @@ def _configs(p: Problem, quick: bool = False):
     broyden = eqattn.Broyden(**common)
     for aname, adjoint in [("implicit", implicit), ("JacobianFree", eqattn.JacobianFree())]:
         out.append((f"eqattn Broyden + {aname}", *_ours(p, broyden, adjoint)))
-    if quick and p.name == "P2":  # the multi-head f; every method runs on P1
-        out = [c for c in out if c[0] in (out[0][0], "eqattn Anderson m=5 + implicit")]
+    if quick:  # one case of each code path (P2: the multi-head f, the baseline and the default)
+        keep = _QUICK_P2 if p.name == "P2" else _QUICK_P1
+        out = [c for c in out if c[0] in keep]
     return out
+
+
+_QUICK_P2 = ("jaxopt Anderson m=5 (baseline)", "eqattn Anderson m=5 + implicit")
+_QUICK_P1 = (
+    *_QUICK_P2,
+    "eqattn JaxoptSolver(AndersonAcceleration)",
+    "eqattn optx.FixedPointIteration + implicit",
+    "eqattn Picard (check_every=4) + implicit",
+    "eqattn Broyden + JacobianFree",
+)
 
 
 def _grad_norm(grads):

@@ -81,6 +81,18 @@ def attention_with_lse(
     **Returns:**
 
     `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 4, 16, 8))  # [batch, heads, n, d]
+    out, lse = eqattn.attention_with_lse(q, k, v, beta=jnp.full(4, 0.5), causal=True)
+    assert out.shape == (2, 4, 16, 8) and lse.shape == (2, 4, 16)
+    # the first query sees only the first key: its output is that key's value
+    assert jnp.allclose(out[..., 0, :], v[..., 0, :], atol=1e-6)
+    ```
     """
     return dispatch(
         queries,
@@ -115,6 +127,16 @@ def log_normalizer(
     excludes every key gets $-\infty$. Arguments as in [`eqattn.attention_with_lse`][].
 
     **Returns:** `[..., n]`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    q, k = jax.random.normal(jax.random.key(0), (2, 5, 3))
+    A = eqattn.log_normalizer(q, k, beta=2.0)
+    assert jnp.allclose(A, jax.nn.logsumexp(2.0 * q @ k.T, axis=-1), atol=1e-5)
+    ```
     """
     keys = jnp.asarray(keys)
     # Zero-width values: the core then does no output matmul, only the log-sum-exp.
@@ -154,6 +176,17 @@ def attention(
     see [`eqattn.select_implementation`][].
 
     **Returns:** `[..., n, dv]`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    q, k = jax.random.normal(jax.random.key(0), (2, 5, 3))
+    # values = keys: (1/beta) times the gradient of the log-normalizer
+    grad = jax.grad(lambda q: eqattn.log_normalizer(q, k, beta=2.0).sum())(q)
+    assert jnp.allclose(eqattn.attention(q, k, beta=2.0), grad / 2.0, atol=1e-5)
+    ```
     """
     return dispatch(
         queries,
@@ -185,6 +218,16 @@ def attention_weights(
     [`eqattn.attention_with_lse`][].
 
     **Returns:** `[..., n, m]`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    q, k = jax.random.normal(jax.random.key(0), (2, 4, 3))
+    p = eqattn.attention_weights(q, k, causal=True)
+    assert jnp.allclose(p.sum(-1), 1.0) and jnp.all(jnp.triu(p, k=1) == 0)
+    ```
     """
     queries, keys = jnp.asarray(queries), jnp.asarray(keys)
     lse = log_normalizer(

@@ -110,6 +110,18 @@ def select_implementation(
     (a GPU, bf16/fp16, $d = d_v \le 128$, $8 \mid d$, no mask); else the key-chunked pass when
     `chunk_size` is given or, off CPU, above $2^{26}$ logits per batch element (see
     [`eqattn.Tiling`][]); else `"xla"`. `"pallas"` runs only when asked for: its GPU speed is not yet measured against these.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    x = jax.ShapeDtypeStruct((8, 16384, 64), jnp.bfloat16)  # [batch * heads, n, d]
+    assert eqattn.select_implementation(x, x, backend="gpu") == "cudnn"
+    # a log-sum-exp rules cuDNN out; 16384^2 logits per batch element take key chunks
+    assert eqattn.select_implementation(x, x, backend="gpu", need_lse=True) == "chunked"
+    assert eqattn.select_implementation(x, x, backend="cpu", need_lse=True) == "xla"
+    ```
     """
     backend = jax.default_backend() if backend is None else backend
     values = keys if values is None else values

@@ -121,6 +121,11 @@ def test_errors_are_one_line(trained, capsys, tmp_path):
     code, _, err = run(capsys, "train", "--dim", "10", "--heads", "4")
     _one_line_error(code, err, 2, "--dim (10) must be divisible by --heads (4)")
 
+    out = tmp_path / "capped"
+    code, _, err = run(capsys, "train", *TINY, "--train-steps", "100", "--out", str(out))
+    _one_line_error(code, err, 2, "--train-steps (100) must be at most --max-steps")
+    assert not out.exists()  # refused before anything is written
+
     for argv, pattern in [
         (["train", "--epochz", "3"], "unrecognized arguments: --epochz"),
         (["train", "--solver", "newton"], "invalid choice: 'newton'"),

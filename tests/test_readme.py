@@ -24,15 +24,26 @@ def test_readme_example_runs(index):
         exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), {})
 
 
-def test_readme_tables_are_the_committed_results(capsys):
-    """The Performance tables are `python -m benchmarks.report`'s output on the committed
-    results files, figure for figure."""
+def test_benchmarks_page_tables_are_the_committed_results(capsys):
+    """The documentation's Benchmarks page gets `python -m benchmarks.report`'s tables of the
+    committed results files, figure for figure, with each one's source (the docs hook fills the
+    page when the site is built; the README links to it)."""
+    import importlib.util
+
     from benchmarks.report import main as report
 
+    spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = hooks.on_page_markdown((ROOT / "docs" / "benchmarks.md").read_text(), page=None)
     report([])
-    tables = capsys.readouterr().out.strip()
-    assert tables.count("### ") >= 7
-    assert tables in README.read_text()
+    sections = capsys.readouterr().out.strip().split("### ")[1:]
+    assert len(sections) >= 7
+    for section in sections:
+        header, table = section.split("\n", 1)
+        assert header.split(" (--short")[0] in page, header
+        assert table.strip() in page, header
+    assert "Benchmarks page" in README.read_text()
 
 
 def _results(name):

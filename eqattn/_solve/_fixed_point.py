@@ -89,6 +89,19 @@ def fixed_point(
       and Optimistix solvers it must be a Python int (Optimistix's default: 256).
 
     **Returns:** an [`eqattn.Equilibrium`][].
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    # z = cos(a z): its derivative in a by the implicit function theorem
+    solve = lambda a: eqattn.fixed_point(lambda z, a: jnp.cos(a * z), jnp.zeros(()), a).value
+    z = solve(1.0)
+    assert jnp.allclose(z, jnp.cos(z), atol=1e-4)
+    dz = jax.grad(solve)(1.0)  # dz/da = -z sin(z) / (1 + sin(z))
+    assert jnp.allclose(dz, -z * jnp.sin(z) / (1 + jnp.sin(z)), atol=1e-3)
+    ```
     """
     solver = Anderson() if solver is None else solver
     check_solver(solver)

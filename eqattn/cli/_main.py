@@ -102,9 +102,9 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--train-steps",
         type=int,
-        default=t.train_steps,
-        help="DEQ: the solver's step limit while training (at most --max-steps, which "
-        "evaluation uses)",
+        default=None,
+        help=f"DEQ: the solver's step limit while training, at most --max-steps (which "
+        f"evaluation uses; default: {t.train_steps}, or --max-steps if lower)",
     )
     tr.add_argument(
         "--warm-start",
@@ -235,6 +235,13 @@ def _cmd_train(a) -> None:
     from ._train import TrainConfig, train
 
     _distributed(a)
+    if a.train_steps is None:
+        a.train_steps = min(_train_defaults().train_steps, a.max_steps)
+    elif a.model == "deq" and a.train_steps > a.max_steps and not a.resume:
+        raise UsageError(
+            f"--train-steps ({a.train_steps}) must be at most --max-steps ({a.max_steps}), the "
+            "solver's step limit the model is built with"
+        )
 
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}

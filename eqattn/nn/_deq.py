@@ -33,7 +33,7 @@ from ..parallel import SequenceSplit
 from ._block import AbstractBlock, check_dropout
 from ._implicit import Norm, check_norm
 from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding, token_io
-from ._layer import AbstractEquilibriumLayer
+from ._layer import AbstractEquilibriumLayer, AbstractSolved
 from ._multihead import (
     MultiHeadAttention,
     check_dims,
@@ -195,11 +195,6 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         )
         return eq.value, eq
 
-    def __call__(self, x, *, mask=None, key=None, inference=None, z0=None, max_steps=None):
-        return self.forward(x, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps)[
-            0
-        ]
-
     def jacobian_penalty(
         self,
         x: Float[Array, "n dim"],
@@ -237,7 +232,7 @@ def _check_start(z0, h):
         )
 
 
-class DEQTransformer(AbstractTransformer):
+class DEQTransformer(AbstractTransformer, AbstractSolved):
     """Embedding -> position embedding -> one implicit [`eqattn.nn.DEQBlock`][] -> pooling -> head.
 
     **Arguments:**
@@ -367,13 +362,3 @@ class DEQTransformer(AbstractTransformer):
             inference=inference,
             samples=samples,
         )
-
-    def __call__(self, x, *, padding_mask=None, key=None, inference=None, max_steps=None, z0=None):
-        return self.forward(
-            x,
-            padding_mask=padding_mask,
-            key=key,
-            inference=inference,
-            max_steps=max_steps,
-            z0=z0,
-        )[0]

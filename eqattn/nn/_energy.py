@@ -128,6 +128,3 @@ class EnergyAttention(AbstractEquilibriumLayer):
         """The stationary point and its [`eqattn.Equilibrium`][] (the output is the solved state)."""
         eq = self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps)
         return eq.value, eq
-
-    def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:
-        return self.forward(x, mask=mask, z0=z0, max_steps=max_steps)[0]

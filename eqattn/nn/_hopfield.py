@@ -39,7 +39,7 @@ from .._solve._equilibrium import RESULTS, Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ._block import check_dropout
-from ._layer import AbstractEquilibriumLayer
+from ._layer import AbstractEquilibriumLayer, AbstractSolved
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens, per_token
 
 
@@ -396,29 +396,6 @@ class Hopfield(AbstractEquilibriumLayer):
             out = self.association_activation(out)
         return out, eq
 
-    def __call__(
-        self,
-        state,
-        stored,
-        *,
-        association_mask=None,
-        padding_mask=None,
-        max_steps=None,
-        key=None,
-        inference=None,
-        values=None,
-    ) -> Float[Array, "n out"]:
-        return self.forward(
-            state,
-            stored,
-            association_mask=association_mask,
-            padding_mask=padding_mask,
-            max_steps=max_steps,
-            key=key,
-            inference=inference,
-            values=values,
-        )[0]
-
     def energy(
         self, state, stored, xi=None, *, association_mask=None, padding_mask=None
     ) -> Float[Array, ""]:
@@ -439,7 +416,7 @@ class Hopfield(AbstractEquilibriumLayer):
         return attention_weights(xi, k, beta=self.attention.beta, mask=mask)
 
 
-class HopfieldPooling(eqx.Module):
+class HopfieldPooling(AbstractSolved):
     """Learned state patterns pool a set of stored patterns `[m, dim]` into `num_queries`
     vectors `[num_queries, out_dim]` (the pooling role); `trainable=False` keeps the queries
     fixed (no gradient reaches them). Other keywords go to [`eqattn.nn.Hopfield`][]."""
@@ -478,15 +455,8 @@ class HopfieldPooling(eqx.Module):
             inference=inference,
         )
 
-    def __call__(
-        self, stored, *, padding_mask=None, max_steps=None, key=None, inference=None
-    ) -> Float[Array, "q out"]:
-        return self.forward(
-            stored, padding_mask=padding_mask, max_steps=max_steps, key=key, inference=inference
-        )[0]
 
-
-class HopfieldLayer(eqx.Module):
+class HopfieldLayer(AbstractSolved):
     """Learned stored patterns `[num_patterns, dim]` act as a lookup table for the input state
     patterns `[n, dim]` (the layer/memory role). `trainable=False` keeps them fixed (no gradient
     reaches them); `separate_targets=True` projects the values from a second learned table
@@ -534,6 +504,3 @@ class HopfieldLayer(eqx.Module):
         return self.hopfield.forward(
             state, patterns, max_steps=max_steps, key=key, inference=inference, values=targets
         )
-
-    def __call__(self, state, *, max_steps=None, key=None, inference=None) -> Float[Array, "n out"]:
-        return self.forward(state, max_steps=max_steps, key=key, inference=inference)[0]

@@ -152,7 +152,3 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         """$z^*$ and its [`eqattn.Equilibrium`][] (the output is the solved state)."""
         eq = self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps)
         return eq.value, eq
-
-    def __call__(self, x, *, mask=None, z0=None, max_steps=None) -> Float[Array, "n dim"]:
-        """$z^*$, of the shape of `x`."""
-        return self.forward(x, mask=mask, z0=z0, max_steps=max_steps)[0]

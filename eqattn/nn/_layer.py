@@ -13,7 +13,21 @@ from .._solve import AbstractAdjoint, AbstractFixedPointSolver, fixed_point
 from .._solve._equilibrium import Equilibrium
 
 
-class AbstractEquilibriumLayer(eqx.Module):
+class AbstractSolved(eqx.Module):
+    """A module that solves for an equilibrium: `forward(...)` returns `(output, equilibrium)`
+    and a call returns the output alone. The equilibrium layers, `DEQTransformer`,
+    `HopfieldPooling` and `HopfieldLayer` are such modules; they define `forward` only."""
+
+    @abc.abstractmethod
+    def forward(self, *args, **kwargs) -> tuple[Any, Equilibrium]:
+        """The output and the solve's `Equilibrium`."""
+
+    def __call__(self, *args, **kwargs):
+        """The output alone: `forward(...)[0]`, with the same arguments."""
+        return self.forward(*args, **kwargs)[0]
+
+
+class AbstractEquilibriumLayer(AbstractSolved):
     """A layer whose output is computed from a fixed point $z^* = \\mathrm{update}(z^*, \\ldots)$.
 
     One convention on every equilibrium layer (and on [`eqattn.nn.DEQTransformer`][],
@@ -30,14 +44,6 @@ class AbstractEquilibriumLayer(eqx.Module):
     solver: eqx.AbstractVar[AbstractFixedPointSolver]
     adjoint: eqx.AbstractVar[AbstractAdjoint]
     throw: eqx.AbstractVar[bool]
-
-    @abc.abstractmethod
-    def forward(self, *args, **kwargs) -> tuple[Any, Equilibrium]:
-        """The output and the solve's `Equilibrium`."""
-
-    def __call__(self, *args, **kwargs):
-        """The output alone: `forward(...)[0]`."""
-        return self.forward(*args, **kwargs)[0]
 
     def solve(self, update: Callable, z0, *args, max_steps=None) -> Equilibrium:
         """Solve $z = \\mathrm{update}(\\mathrm{self}, z, *\\mathrm{args})$ from `z0` with this layer's

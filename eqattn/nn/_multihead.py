@@ -11,7 +11,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._attention import attention, attention_weights, merge_heads, split_heads
 from .._core import Implementation, check_implementation
-from ..parallel._ring import SequenceSplit, ring_attention
+from ..parallel import SequenceSplit, ring_attention
 
 
 def check_dims(dim: int, num_heads: int, name: str = "dim") -> int:
@@ -99,6 +99,19 @@ class MultiHeadAttention(eqx.Module):
     Acts on one example: `queries [n, query_size]`, `keys [m, key_size]`,
     `values [m, value_size]` -> `[n, output_size]`. No dropout on the weights (Equinox's
     `dropout_p`); the equilibrium layers drop sublayer outputs instead.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn.nn
+
+    mha = eqattn.nn.MultiHeadAttention(4, 32, key=jax.random.key(0), causal=True)
+    x = jax.random.normal(jax.random.key(1), (10, 32))  # one sequence; jax.vmap for a batch
+    y = mha(x, x)
+    assert y.shape == (10, 32)
+    # causal: changing the last token moves no earlier output
+    assert jnp.allclose(mha(x.at[-1].set(0.0), x.at[-1].set(0.0))[:-1], y[:-1], atol=1e-5)
+    ```
     """
 
     query_proj: eqx.nn.Linear

@@ -4,8 +4,8 @@ on JAX's own `jit` + `NamedSharding` and `jax.shard_map`."""
 
 from ._data import data_mesh as data_mesh, replicate as replicate, shard_batch as shard_batch
 from ._ring import (
-    SequenceSplit as SequenceSplit,
     ring_attention as ring_attention,
     ring_attention_with_lse as ring_attention_with_lse,
 )
 from ._sequence import sharded_attention_with_lse as sharded_attention_with_lse
+from ._split import SequenceSplit as SequenceSplit

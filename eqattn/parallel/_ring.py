@@ -21,10 +21,10 @@ device $i$ chunks $i$ and $2P - 1 - i$ (the "zig-zag" order): every device then 
 number of chunk pairs to compute at every ring step (two, three on its own block) and skips the
 pairs that causality masks entirely. A contiguous split would leave device 0 idle for all
 but one step and give device $P - 1$ all the work; a striped split balances the work too but
-masks half of every block, so it can skip none. Pairs on the diagonal are halved (down to
-`chunk_size`, default 512, queries) so that no large causal mask is ever formed: the halves below
-the diagonal are full blocks, those above it are skipped. The skip is a `lax.switch` per chunk pair
-(measured on CPU devices only).
+masks half of every block, so it can skip none. Pairs on the diagonal are the one-device causal
+attention of the engine (`eqattn._causal`: halved down to `chunk_size`, default 512, queries),
+so no large causal mask is ever formed. The skip is a `lax.switch` per chunk pair (measured on
+CPU devices only).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .. import _core
+from .. import _causal, _core
 from .._implementation import (
     check_chunk_size,
     flatten,
@@ -52,7 +52,6 @@ from .._implementation import (
     validate,
     zero_rows,
 )
-from .._pallas import _attention as _pallas
 from ._sequence import check_axis, varying
 
 
@@ -68,9 +67,8 @@ class _Ring:
     # "auto", "xla" or "chunked": the core's plan for each pair of blocks; "pallas": the fused
     # kernel (`eqattn._pallas`), whose forward and backward keep no block of logits.
     implementation: str = "auto"
-    # A diagonal block (queries and keys at the same positions) is halved until it has at most
-    # this many queries, then masked by a materialized triangle; the halves below the diagonal
-    # are full blocks (no causal mask), those above it are skipped.
+    # A diagonal block (queries and keys at the same positions) is computed by the engine's
+    # causal blocks (`eqattn._causal`): halved until its leaves have at most this many queries.
     leaf: int = 512
 
 
@@ -138,64 +136,27 @@ def _pair_mask(msk, rows, col, width):
     return lax.dynamic_slice_in_dim(sub, col, width, axis=-1)
 
 
-def _sub_mask(mask, rows, cols):
-    if mask is None:
-        return None
-    return (mask if mask.shape[1] == 1 else mask[:, rows])[..., cols]
-
-
-def _halves(n):
-    h = n // 2
-    return slice(0, h), slice(h, n)
+def _blocks(ring: _Ring):
+    """What computes a pair of blocks: the fused kernel or the core (its plan per block)."""
+    if ring.implementation == "pallas":
+        return _causal.Pallas()
+    return _causal.Core(ring.implementation, ring.chunk_size, ring.tiling)
 
 
 def _pair_forward(ring, q, k, v, b, mask, diag: bool):
     """`(out, lse)` of the queries against the keys; with `diag`, query i and key i are at the
-    same position and a key after the query is masked."""
-    n = q.shape[1]
-    if diag and (n <= ring.leaf or n % 2):
-        tril = jnp.tril(jnp.ones((n, n), bool))[None]
-        mask, diag = (tril if mask is None else mask & tril), False
-    if not diag:
-        if ring.implementation == "pallas":
-            return _pallas.forward(q, k, v, b, mask)
-        plan = _core.plan(n, k.shape[1], ring.chunk_size, ring.implementation, ring.tiling)
-        return _core.forward(q, k, v, b, mask, plan)
-    lo, hi = _halves(n)
-    top = _pair_forward(ring, q[:, lo], k[:, lo], v[:, lo], b, _sub_mask(mask, lo, lo), True)
-    left = _pair_forward(ring, q[:, hi], k[:, lo], v[:, lo], b, _sub_mask(mask, hi, lo), False)
-    right = _pair_forward(ring, q[:, hi], k[:, hi], v[:, hi], b, _sub_mask(mask, hi, hi), True)
-    bottom = _core.merge_partials(left, right)
-    return tuple(jnp.concatenate([t, u], axis=1) for t, u in zip(top, bottom))
+    same position and a key after the query is hidden (the engine's causal blocks)."""
+    if diag:
+        return _causal.forward(q, k, v, b, mask, _blocks(ring), ring.leaf)
+    return _blocks(ring).forward(q, k, v, b, mask)
 
 
 def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
     """`(dq, dk, dv, dbeta)` shares of one pair (as `_pair_forward`); `rows_in` = the queries'
     `(lse, delta, g_out, g_lse)`."""
-    n = q.shape[1]
-    if diag and (n <= ring.leaf or n % 2):
-        tril = jnp.tril(jnp.ones((n, n), bool))[None]
-        mask, diag = (tril if mask is None else mask & tril), False
-    if not diag:
-        if ring.implementation == "pallas":
-            return _pallas.backward(q, k, v, b, mask, *rows_in, dtype)
-        plan = _core.plan(n, k.shape[1], ring.chunk_size, ring.implementation, ring.tiling)
-        return _core.backward(q, k, v, b, mask, *rows_in, plan, dtype)
-    lo, hi = _halves(n)
-
-    def part(rows, cols, diag):
-        sub = tuple(x[:, rows] for x in rows_in)
-        m = _sub_mask(mask, rows, cols)
-        return _pair_backward(ring, q[:, rows], k[:, cols], v[:, cols], b, m, sub, dtype, diag)
-
-    top, left, right = part(lo, lo, True), part(hi, lo, False), part(hi, hi, True)
-    cat = lambda a, c: jnp.concatenate([a, c], axis=1)  # noqa: E731
-    return (
-        cat(top[0], left[0] + right[0]),
-        cat(top[1] + left[1], right[1]),
-        cat(top[2] + left[2], right[2]),
-        top[3] + left[3] + right[3],
-    )
+    if diag:
+        return _causal.backward(q, k, v, b, mask, *rows_in, dtype, _blocks(ring), ring.leaf)
+    return _blocks(ring).backward(q, k, v, b, mask, *rows_in, dtype)
 
 
 def _relation(chunks):
@@ -541,34 +502,3 @@ def ring_attention(
         tiling=tiling,
         implementation=implementation,
     )[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class SequenceSplit:
-    """Where a layer's tokens live: split along the sequence over the mesh axis `axis` of `mesh`.
-
-    Given to [`eqattn.nn.ImplicitAttention`][], [`eqattn.nn.DEQBlock`][],
-    [`eqattn.nn.DEQTransformer`][] or [`eqattn.nn.MultiHeadAttention`][] as `sequence=`, it makes
-    their attention [`eqattn.parallel.ring_attention`][] and keeps the solver's state sharded
-    along the tokens: under `jit`, XLA partitions the whole solve (every other operation acts per
-    token or reduces over all of them), so the solvers' norms and inner products are global
-    reductions, every device takes the same steps and decides convergence identically, and the
-    implicit backward runs sharded too. The token count must be a multiple of the axis size.
-    """
-
-    mesh: Mesh
-    axis: str
-
-    def __post_init__(self):
-        check_axis(self.mesh, self.axis)
-
-    def constrain(self, x: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
-        """`x` with its token axis (second to last) sharded over `axis`."""
-        size = self.mesh.shape[self.axis]
-        if x.ndim < 2 or x.shape[-2] % size:
-            raise ValueError(
-                f"the number of tokens must be a multiple of the size {size} of mesh axis "
-                f"{self.axis!r} to split them over it; got shape {x.shape} (tokens, features)."
-            )
-        spec = P(*([None] * (x.ndim - 2)), self.axis, None)
-        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))

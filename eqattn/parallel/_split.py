@@ -1,0 +1,42 @@
+"""Where a layer's tokens live: [`SequenceSplit`][eqattn.parallel.SequenceSplit]."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import Array, Float
+
+from ._sequence import check_axis
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceSplit:
+    """Where a layer's tokens live: split along the sequence over the mesh axis `axis` of `mesh`.
+
+    Given to [`eqattn.nn.ImplicitAttention`][], [`eqattn.nn.DEQBlock`][],
+    [`eqattn.nn.DEQTransformer`][] or [`eqattn.nn.MultiHeadAttention`][] as `sequence=`, it makes
+    their attention [`eqattn.parallel.ring_attention`][] and keeps the solver's state sharded
+    along the tokens: under `jit`, XLA partitions the whole solve (every other operation acts per
+    token or reduces over all of them), so the solvers' norms and inner products are global
+    reductions, every device takes the same steps and decides convergence identically, and the
+    implicit backward runs sharded too. The token count must be a multiple of the axis size.
+    """
+
+    mesh: Mesh
+    axis: str
+
+    def __post_init__(self):
+        check_axis(self.mesh, self.axis)
+
+    def constrain(self, x: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
+        """`x` with its token axis (second to last) sharded over `axis`."""
+        size = self.mesh.shape[self.axis]
+        if x.ndim < 2 or x.shape[-2] % size:
+            raise ValueError(
+                f"the number of tokens must be a multiple of the size {size} of mesh axis "
+                f"{self.axis!r} to split them over it; got shape {x.shape} (tokens, features)."
+            )
+        spec = P(*([None] * (x.ndim - 2)), self.axis, None)
+        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
