@@ -252,19 +252,8 @@ def _core_fwd(q, k, v, beta, mask, backend, leaf):
 
 
 def _core_bwd(backend, leaf, res, cotangents):
-    q, k, v, beta, mask, out, lse = res
-    dtype = out.dtype
-    g_out, g_lse = (g.astype(dtype) for g in cotangents)
-    delta = jnp.sum(g_out * out, axis=-1)
-    dq, dk, dv, dbeta = backward(
-        q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse, dtype, backend, leaf
-    )
-    return (
-        dq.astype(q.dtype),
-        dk.astype(k.dtype),
-        dv.astype(v.dtype),
-        dbeta.astype(beta.dtype),
-        None,
+    return _core.recomputing_backward(
+        res, cotangents, ft.partial(backward, backend=backend, leaf=leaf)
     )
 
 

@@ -511,21 +511,22 @@ def _core_fwd(q, k, v, beta, mask, plan):
     return (out.astype(v.dtype), lse.astype(v.dtype)), res
 
 
-def _core_bwd(plan, res, cotangents):
+def recomputing_backward(res, cotangents, backward):
+    r"""The custom VJPs' backward pass: from the residuals `(q, k, v, beta, mask, out, lse)` and
+    the cotangents of `(out, lse)`, $\delta = \sum g_o \odot o$ and `backward(q, k, v, beta,
+    mask, lse, delta, g_out, g_lse, dtype)`, which recomputes the weights; the gradients in the
+    inputs' dtypes (none for the mask)."""
     q, k, v, beta, mask, out, lse = res
-    g_out, g_lse = cotangents
     dtype = out.dtype
-    g_out, g_lse = g_out.astype(dtype), g_lse.astype(dtype)
+    g_out, g_lse = (g.astype(dtype) for g in cotangents)
     delta = jnp.sum(g_out * out, axis=-1)
-    dq, dk, dv, dbeta = backward(
-        q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse, plan, dtype
-    )
-    return (
-        dq.astype(q.dtype),
-        dk.astype(k.dtype),
-        dv.astype(v.dtype),
-        dbeta.astype(beta.dtype),
-        None,
+    grads = backward(q, k, v, beta.astype(dtype), mask, lse, delta, g_out, g_lse, dtype)
+    return (*(g.astype(x.dtype) for g, x in zip(grads, (q, k, v, beta))), None)
+
+
+def _core_bwd(plan, res, cotangents):
+    return recomputing_backward(
+        res, cotangents, lambda *args: backward(*args[:-1], plan=plan, dtype=args[-1])
     )
 
 
