@@ -1,4 +1,4 @@
-"""The tile sweep behind `eqattn._pallas`'s tile tables (`python -m benchmarks compile --sweep`).
+"""The tile sweep behind `eqattn._attention._pallas`'s tile tables (`python -m benchmarks compile --sweep`).
 
 For each dtype and padded head size D, every candidate tiling of the Triton kernels is compiled
 for the H100 (forward tilings in a forward program; backward tilings in a gradient program with
@@ -16,7 +16,7 @@ import json
 import jax
 import jax.numpy as jnp
 
-from eqattn._pallas import _attention, _mosaic, _triton
+from eqattn._attention._pallas import _attention, _mosaic, _triton
 
 from . import _deviceless
 

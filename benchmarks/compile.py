@@ -104,7 +104,7 @@ def negative_control(target: _deviceless.Target) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from eqattn._pallas import _attention, _mosaic, _triton
+    from eqattn._attention._pallas import _attention, _mosaic, _triton
 
     sharding = _deviceless.one_device_sharding(target)
     if target.platform == "cuda":  # 128 x 128 backward tiles of 256 float32 features
@@ -319,7 +319,7 @@ def verdict(row: dict, target: _deviceless.Target) -> list[str]:
 
 
 def _refusal(error: str) -> bool:
-    from eqattn._pallas import _triton
+    from eqattn._attention._pallas import _triton
 
     return _triton.REFUSAL in error
 

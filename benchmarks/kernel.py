@@ -7,7 +7,7 @@ backward tiling, the forward fixed at the default. On TPUs the Mosaic kernels' b
 one tiling for both passes. Every configuration's result is checked against XLA's dense attention
 in the same run (relative error), a configuration that fails to compile (shared memory,
 registers, VMEM) is recorded with its error, and each row's time is reported as a ratio to the
-default tiles (`default_blocks` of `eqattn._pallas._triton` or `._mosaic`), timed round-robin
+default tiles (`default_blocks` of `eqattn._attention._pallas._triton` or `._mosaic`), timed round-robin
 with it. On CPU the kernel is interpreted: `--quick` runs a few tiny cases to exercise the code;
 times mean nothing there.
 """
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqattn._pallas import _attention, _mosaic, _triton
+from eqattn._attention._pallas import _attention, _mosaic, _triton
 
 from ._harness import print_table, time_interleaved
 

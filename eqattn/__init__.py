@@ -1,19 +1,20 @@
 """eqattn: equilibrium attention in JAX."""
 
 import importlib.metadata
+import warnings
 
 from . import nn as nn
 from ._attention import (
+    Tiling as Tiling,
     attention as attention,
     attention_weights as attention_weights,
     attention_with_lse as attention_with_lse,
     log_normalizer as log_normalizer,
     merge_heads as merge_heads,
+    select_implementation as select_implementation,
     split_heads as split_heads,
 )
-from ._core import Tiling as Tiling
 from ._hopfield import hopfield_energy as hopfield_energy, hopfield_update as hopfield_update
-from ._implementation import select_implementation as select_implementation
 from ._measures import (
     AbstractCarrier as AbstractCarrier,
     Discrete as Discrete,
@@ -31,7 +32,7 @@ from ._solve import (
     BiCGStab as BiCGStab,
     Broyden as Broyden,
     Equilibrium as Equilibrium,
-    Forward as Forward,
+    ForwardSolve as ForwardSolve,
     ImplicitAdjoint as ImplicitAdjoint,
     JacobianFree as JacobianFree,
     JaxoptImplicit as JaxoptImplicit,
@@ -47,3 +48,19 @@ from ._solve import (
 )
 
 __version__ = importlib.metadata.version("eqattn")
+
+
+_RENAMED = {"Forward": "ForwardSolve"}  # old public name -> new, kept for one release
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"`eqattn.{name}` is renamed `eqattn.{new}`; the old name will be removed in the "
+            "next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module 'eqattn' has no attribute {name!r}")

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float
 
-from ._core import compute_dtype
+from ._attention import compute_dtype
 
 
 def renormalize(
@@ -23,6 +23,16 @@ def renormalize(
     $$\mathrm{RN}(x) = \frac{x - \bar x}{\sqrt{\mathrm{Var}[x] + \epsilon}}.$$
 
     Statistics are computed in at least float32; the result has the dtype of `x`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    x = 3.0 + 2.0 * jax.random.normal(jax.random.key(0), (4, 64))
+    y = eqattn.renormalize(x)  # along the last axis
+    assert jnp.allclose(y.mean(-1), 0, atol=1e-5) and jnp.allclose(y.var(-1), 1, atol=1e-3)
+    ```
     """
     x = jnp.asarray(x)
     if eps < 0:
@@ -49,6 +59,17 @@ def standardize_tokens(
     (symmetric, "ZCA" whitening, so it commutes with rotations of the features). On Gaussian token
     clouds it maps $N(\mu, \Sigma)$ to $N(0, I)$. The gradient goes through an eigendecomposition
     and is undefined where $\Sigma$ has repeated eigenvalues.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    x = jax.random.normal(jax.random.key(0), (256, 3)) @ jnp.array([[2.0, 0, 0], [1, 1, 0], [0, 0, 3]])
+    y = eqattn.standardize_tokens(x)  # the token cloud: zero mean, identity covariance
+    assert jnp.allclose(y.mean(0), 0, atol=1e-4)
+    assert jnp.allclose(y.T @ y / 256, jnp.eye(3), atol=1e-3)
+    ```
     """
     x = jnp.asarray(x)
     if x.ndim < 2:

@@ -12,7 +12,7 @@ from jax import export
 
 import eqattn
 from benchmarks import _deviceless, _sweep, compile as suite
-from eqattn._pallas import _mosaic, _triton
+from eqattn._attention._pallas import _mosaic, _triton
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results"
 

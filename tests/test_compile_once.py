@@ -66,3 +66,25 @@ def test_training_step_traces_once(name):
         values.append(float(value))
     assert len(traces) == 1, (name, len(traces))
     assert values[-1] != values[0]  # the parameters moved
+
+
+@pytest.mark.float32
+@pytest.mark.parametrize("name", ["ImplicitAttention", "Hopfield", "DEQTransformer"])
+def test_jax_grad_over_a_layer(name):
+    """`jax.grad` over a model (the solver's tolerances are float leaves; Equinox's `inference`
+    flags are bools, hence `allow_int`) gives `eqx.filter_grad`'s parameter gradients, and none
+    to the settings."""
+    model = _models(jax.random.key(0))[name]
+    x = jax.random.normal(jax.random.key(1), (TOKENS, DIM))
+    loss = lambda m: jnp.mean(_apply(name, m, x) ** 2)  # noqa: E731
+    plain = jax.jit(jax.grad(loss, allow_int=True))(model)
+    filtered = eqx.filter_jit(eqx.filter_grad(loss))(model)
+
+    def compare(f, g):
+        if f is None:  # a setting (tolerance, flag): no gradient
+            assert g is None or g.dtype == jax.dtypes.float0 or not jnp.any(g), (name, g)
+        else:
+            assert jnp.allclose(f, g, rtol=1e-5, atol=1e-7), name
+            assert jnp.any(f != 0), name
+
+    jax.tree.map(compare, filtered, plain, is_leaf=lambda a: a is None)

@@ -158,27 +158,30 @@ def test_chunked_low_precision(rng):
 
 
 def test_chunked_path_selection():
-    import eqattn._core as core
+    from eqattn._attention._plan import core_path
 
-    assert core.chunk_spec(4096, 4096, None, "auto") == (None, False)
+    def chunk_spec(*args):  # (keys per chunk, whether chunks are taken on every platform)
+        return core_path(*args)[:2]
+
+    assert chunk_spec(4096, 4096, None, "auto") == (None, False)
     # 2^26 logits: chunks of 1024, taken off CPU only (CPU keeps its query tiles)
-    assert core.chunk_spec(8192, 8192, None, "auto") == (1024, False)
-    assert core.chunk_spec(8192, 8192, None, "xla") == (None, False)
-    assert core.chunk_spec(8192, 8192, None, "chunked") == (1024, True)
+    assert chunk_spec(8192, 8192, None, "auto") == (1024, False)
+    assert chunk_spec(8192, 8192, None, "xla") == (None, False)
+    assert chunk_spec(8192, 8192, None, "chunked") == (1024, True)
     small = eqattn.Tiling(auto_chunk_logits=100, chunk_size=8)
-    assert core.chunk_spec(20, 10, None, "auto", small) == (8, False)
-    assert core.chunk_spec(20, 10, None, "chunked", small) == (8, True)
+    assert chunk_spec(20, 10, None, "auto", small) == (8, False)
+    assert chunk_spec(20, 10, None, "chunked", small) == (8, True)
     # the query tiles: 2^19 logits forward and 2^18 backward per tile, from 2^16 logits on
-    assert core.plan(4096, 1024, None, "auto") == (None, False, 512, 256)
-    assert core.plan(128, 256, None, "auto") == (None, False, None, None)  # 2^15 logits
+    assert core_path(4096, 1024, None, "auto") == (None, False, 512, 256)
+    assert core_path(128, 256, None, "auto") == (None, False, None, None)  # 2^15 logits
     for bad in (dict(min_logits=-1), dict(chunk_size=0), dict(forward_logits=2.0)):
         with pytest.raises(ValueError, match="Tiling"):
             eqattn.Tiling(**bad)
     with pytest.raises(TypeError, match="`tiling` must be an eqattn.Tiling"):
         eqattn.attention(jnp.ones((3, 2)), jnp.ones((3, 2)), tiling={"chunk_size": 2})
-    assert core.chunk_spec(100, 50, 16, "auto") == (16, True)
-    assert core.chunk_spec(100, 50, 16, "chunked") == (16, True)
-    assert core.chunk_spec(100, 50, 64, "auto") == (None, False)  # one block: a single pass
+    assert chunk_spec(100, 50, 16, "auto") == (16, True)
+    assert chunk_spec(100, 50, 16, "chunked") == (16, True)
+    assert chunk_spec(100, 50, 64, "auto") == (None, False)  # one block: a single pass
     q = jnp.ones((1, 40, 4))
     for kw in ({"chunk_size": 16}, {"chunk_size": 16, "implementation": "chunked"}):
         lowered = jax.jit(lambda q, kw=kw: eqattn.attention_with_lse(q, q, **kw)[1]).lower(q)
@@ -326,7 +329,7 @@ def test_mask_with_leading_unit_axes(rng, implementation):
 
 
 def test_merge_partials_gives_attention_over_the_union_of_the_keys(rng):
-    from eqattn._core import merge_partials
+    from eqattn._attention import merge_partials
 
     q, k, v = rng.normal(size=(6, 3)), rng.normal(size=(9, 3)) * 8, rng.normal(size=(9, 2))
     mask = rng.random((6, 9)) > 0.4

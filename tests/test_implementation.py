@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import eqattn
-import eqattn._implementation as impl
+from eqattn._attention import _cudnn, _plan
 
 from . import reference
 
@@ -116,7 +116,7 @@ def test_auto_follows_the_platform_compiled_for():
     from jax import export
 
     plugin = importlib.util.find_spec("jax_cuda12_plugin") is not None
-    assert impl.cudnn_buildable() == plugin
+    assert _plan.cudnn_buildable() == plugin
 
     q = jnp.ones((2, 16, 64), BF16)
     f = jax.jit(lambda q: eqattn.attention(q, q))
@@ -132,9 +132,15 @@ def fused_on_cpu(monkeypatch):
     """Run eqattn's cuDNN wrapper with `jax.nn.dot_product_attention(implementation="xla")`, so
     its layout, beta folding and masking are checked on any machine (in full float32 precision,
     also on GPUs, where float32 matmuls default to tf32)."""
-    monkeypatch.setattr(impl, "_FUSED", "xla")
+    monkeypatch.setattr(_cudnn, "FUSED", "xla")
+    monkeypatch.setattr(_plan, "cudnn_unsupported", lambda *a: None)
     with jax.default_matmul_precision("float32"):
         yield
+
+
+def cudnn_attention(queries, keys, values, *, beta, mask):
+    """The public path with cuDNN asked for (under `fused_on_cpu`: its wrapper on any machine)."""
+    return eqattn.attention(queries, keys, values, beta=beta, mask=mask, implementation="cudnn")
 
 
 SHAPES = [
@@ -155,7 +161,7 @@ def test_fused_wrapper_matches_reference(rng, fused_on_cpu, shapes):
     mask = None if ms is None else rng.random(ms) > 0.4
     if mask is not None:
         mask[..., 0, :] = False  # a query that may attend to nothing gets 0
-    out = impl.cudnn_attention(
+    out = cudnn_attention(
         jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), beta=jnp.asarray(beta), mask=mask
     )
     ref, _ = reference.attention_with_lse(q, k, v, beta, mask)
@@ -172,7 +178,7 @@ def test_fused_wrapper_gradients_match_core(rng, fused_on_cpu):
     def loss(fn, q, k, v, beta):
         return jnp.sum(fn(q, k, v, beta=beta, mask=mask) * c)
 
-    wrapped = jax.grad(lambda *a: loss(impl.cudnn_attention, *a), argnums=(0, 1, 2, 3))
+    wrapped = jax.grad(lambda *a: loss(cudnn_attention, *a), argnums=(0, 1, 2, 3))
     core = jax.grad(lambda *a: loss(eqattn.attention, *a), argnums=(0, 1, 2, 3))
     for a, b in zip(wrapped(q, k, v, beta), core(q, k, v, beta)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -180,7 +186,7 @@ def test_fused_wrapper_gradients_match_core(rng, fused_on_cpu):
 
 def test_mha_passes_implementation(fused_on_cpu, monkeypatch, getkey):
     calls = []
-    monkeypatch.setattr(impl, "cudnn_unsupported", lambda *a: calls.append(a) or None)
+    monkeypatch.setattr(_plan, "cudnn_unsupported", lambda *a: calls.append(a) or None)
     key = getkey()  # the same parameters under both implementations
     mha = eqattn.nn.MultiHeadAttention(2, 16, key=key, implementation="cudnn")
     xla = eqattn.nn.MultiHeadAttention(2, 16, key=key, implementation="xla")

@@ -17,7 +17,7 @@ from jax import export
 from jax.test_util import check_grads
 
 import eqattn
-from eqattn._pallas import _attention as kernel, _mosaic, _triton
+from eqattn._attention._pallas import _attention as kernel, _mosaic, _triton
 
 from . import reference
 

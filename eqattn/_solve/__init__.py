@@ -7,7 +7,7 @@ from ._adjoints import (
     SharedInverse as SharedInverse,
     Unrolled as Unrolled,
 )
-from ._backends import Forward as Forward, JaxoptSolver as JaxoptSolver
+from ._backends import ForwardSolve as ForwardSolve, JaxoptSolver as JaxoptSolver
 from ._equilibrium import RESULTS as RESULTS, Equilibrium as Equilibrium
 from ._fixed_point import fixed_point as fixed_point
 from ._jacobian import jacobian_frobenius as jacobian_frobenius, spectral_radius as spectral_radius

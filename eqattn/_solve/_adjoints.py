@@ -31,7 +31,7 @@ check `Equilibrium.converged` (or pass `throw=True`) before trusting such a grad
 - `fn(x, params)`: $f$ on a flat vector $x$ (the state raveled); `params` is a pytree whose
   inexact arrays are what gradients flow to (the user's `args` and the arrays $f$ closes over).
 - `x0`: the flat start (no gradient flows to it).
-- `solve`: an `eqattn.Forward`; `solve(g, x0)` runs the user's solver on $x = g(x)$ within the
+- `solve`: an `eqattn.ForwardSolve`; `solve(g, x0)` runs the user's solver on $x = g(x)$ within the
   step budget and returns an [`eqattn.Equilibrium`][] with the flat solution as `value`. It is not
   meant to be differentiated: call it on `lambda x: fn(x, jax.lax.stop_gradient(params))` or
   inside a `jax.custom_vjp`. `solve.solver` is the solver (for its tolerances).
@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._backends import Forward, JaxoptSolver, _static_steps, _summary, tolerances
+from ._backends import ForwardSolve, JaxoptSolver, _static_steps, _summary, tolerances
 from ._equilibrium import RESULTS, Equilibrium
 from ._linear import AbstractKrylov
 from ._solvers import (
@@ -60,12 +60,12 @@ from ._solvers import (
     Anderson,
     Broyden,
     _norm,
+    best_answer,
     equilibrium,
     iterate,
     iterate_fixed,
     iterate_to_last,
     iterate_unrolled,
-    next_step,
 )
 
 
@@ -74,7 +74,7 @@ class AbstractAdjoint(eqx.Module):
     protocol of `run`)."""
 
     @abc.abstractmethod
-    def run(self, fn, params, x0, *, solve: Forward, throw: bool) -> Equilibrium:
+    def run(self, fn, params, x0, *, solve: ForwardSolve, throw: bool) -> Equilibrium:
         """Solve `x = fn(x, params)` from the flat `x0` with `solve`; return the `Equilibrium`
         whose flat `value` carries this adjoint's derivative."""
 
@@ -87,7 +87,7 @@ def _stop(params):
     return jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, params)
 
 
-def default_linear_solver(solve: Forward) -> AbstractFixedPointSolver:
+def default_linear_solver(solve: ForwardSolve) -> AbstractFixedPointSolver:
     """The backward solve that matches the forward: eqattn's solver itself (its method, `rtol`,
     `atol` and `max_steps`), or for other backends `Anderson` with their tolerances."""
     if isinstance(solve.solver, AbstractFixedPointSolver):
@@ -118,6 +118,20 @@ class ImplicitAdjoint(AbstractAdjoint):
     - `throw`: if the backward solve does not reach its tolerance, raise a runtime error (also
       inside `jit`). `None` (default): `fixed_point`'s (or the layer's) `throw`; with `False`
       the best-effort gradient is returned as is.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    # z = a tanh(z) + 1: dz/da = tanh(z) / (1 - a (1 - tanh(z)^2)) by the implicit function theorem
+    adjoint = eqattn.ImplicitAdjoint(linear_solver=eqattn.GMRES(rtol=1e-8))
+    solve = lambda a: eqattn.fixed_point(
+        lambda z, a: a * jnp.tanh(z) + 1.0, jnp.zeros(()), a, adjoint=adjoint
+    ).value
+    z, dz = solve(0.5), jax.grad(solve)(0.5)
+    assert jnp.allclose(dz, jnp.tanh(z) / (1 - 0.5 * (1 - jnp.tanh(z) ** 2)), rtol=1e-3)
+    ```
     """
 
     linear_solver: AbstractFixedPointSolver | AbstractKrylov | None = None
@@ -159,7 +173,7 @@ def solve_adjoint(linear, jt, g):
         short = linear.max_steps <= _SHORT_BACKWARD
         it = (iterate_fixed if short else iterate)(linear, h, g, linear.max_steps)
         # Out of steps, the solver's next step is a better u than its last iterate, at no cost.
-        return next_step(linear, it), equilibrium(linear, it).converged
+        return best_answer(linear, it), equilibrium(linear, it).converged
     u = linear.solve(lambda u: u - jt(u), g)
     r = _norm(u - jt(u) - g)
     ok = r <= linear.atol + linear.rtol * _norm(g)
@@ -240,6 +254,22 @@ class SharedInverse(AbstractAdjoint):
     own, so `throw` concerns the forward only.
 
     **Arguments:** `refine` ($\ge 0$).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    A = jnp.array([[0.5, 0.1], [0.0, 0.4]])
+    f = lambda z, b: A @ z + b  # z* = (I - A)^{-1} b
+    solve = lambda b, adj: eqattn.fixed_point(
+        f, jnp.zeros(2), b, solver=eqattn.Broyden(rtol=1e-7), adjoint=adj
+    ).value.sum()
+    b, exact = jnp.array([1.0, 2.0]), jnp.linalg.solve((jnp.eye(2) - A).T, jnp.ones(2))
+    # an approximation from Broyden's inverse estimate, which `refine` steps sharpen
+    assert jnp.allclose(jax.grad(solve)(b, eqattn.SharedInverse()), exact, rtol=0.15)
+    assert jnp.allclose(jax.grad(solve)(b, eqattn.SharedInverse(refine=10)), exact, rtol=1e-3)
+    ```
     """
 
     refine: int = eqx.field(static=True, default=0)
@@ -291,6 +321,18 @@ class Phantom(AbstractAdjoint):
     z)$ from $z^*$. The forward value is $z^*$ unchanged.
 
     **Arguments:** `steps` ($k \ge 1$), `damping` ($\lambda \in (0, 1]$).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    f = lambda z, a: a * jnp.tanh(z) + 1.0
+    solve = lambda a, adj: eqattn.fixed_point(f, jnp.zeros(()), a, adjoint=adj).value
+    exact = jax.grad(solve)(0.5, eqattn.ImplicitAdjoint())
+    phantom = jax.grad(solve)(0.5, eqattn.Phantom(steps=20))  # 20 unrolled steps from z*
+    assert jnp.allclose(phantom, exact, rtol=1e-3)
+    ```
     """
 
     steps: int = eqx.field(static=True, default=5)
@@ -316,7 +358,21 @@ class Phantom(AbstractAdjoint):
 
 class JacobianFree(AbstractAdjoint):
     r"""Jacobian-free backprop: the gradient of one application of $f$ at $z^*$, i.e. $u = g$
-    (the same as `Phantom(steps=1, damping=1)`)."""
+    (the same as `Phantom(steps=1, damping=1)`).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    # the Jacobian-free gradient drops (I - J)^{-1}: here dz/da ~ tanh(z), the exact one divided by
+    # 1 - a (1 - tanh(z)^2)
+    f = lambda z, a: a * jnp.tanh(z) + 1.0
+    solve = lambda a: eqattn.fixed_point(f, jnp.zeros(()), a, adjoint=eqattn.JacobianFree()).value
+    z, dz = solve(0.5), jax.grad(solve)(0.5)
+    assert jnp.allclose(dz, jnp.tanh(z), rtol=1e-3)
+    ```
+    """
 
     def run(self, fn, params, x0, *, solve, throw):
         return Phantom(steps=1, damping=1.0).run(fn, params, x0, solve=solve, throw=throw)
@@ -325,7 +381,22 @@ class JacobianFree(AbstractAdjoint):
 class Unrolled(AbstractAdjoint):
     """Backprop through every step of the forward solve (a `lax.scan` of `solver.max_steps`
     guarded steps): the reference against which the others are checked. Memory grows with
-    `max_steps`. Needs one of eqattn's own solvers."""
+    `max_steps`. Needs one of eqattn's own solvers.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    f = lambda z, a: a * jnp.tanh(z) + 1.0
+    solve = lambda a, adj: eqattn.fixed_point(
+        f, jnp.zeros(()), a, solver=eqattn.Picard(rtol=1e-7), adjoint=adj
+    ).value
+    # autodiff through every solver step agrees with the implicit gradient at convergence
+    unrolled = jax.grad(solve)(0.5, eqattn.Unrolled())
+    assert jnp.allclose(unrolled, jax.grad(solve)(0.5, eqattn.ImplicitAdjoint()), rtol=1e-4)
+    ```
+    """
 
     def run(self, fn, params, x0, *, solve, throw):
         solver = solve.solver
@@ -342,7 +413,22 @@ class JaxoptImplicit(AbstractAdjoint):
     """jaxopt's own implicit differentiation of a [`eqattn.JaxoptSolver`][] (`implicit_diff=True`
     with the solver's `implicit_diff_solve`): what `fixed_point` uses for a `JaxoptSolver` unless
     given another adjoint. jaxopt's backward solve reports no convergence, so `throw` concerns the
-    forward only."""
+    forward only.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, jaxopt, eqattn
+
+    solver = eqattn.JaxoptSolver(jaxopt.FixedPointIteration, tol=1e-7, maxiter=200)
+    f = lambda z, a: a * jnp.tanh(z) + 1.0
+    solve = lambda a: eqattn.fixed_point(
+        f, jnp.zeros(()), a, solver=solver, adjoint=eqattn.JaxoptImplicit()
+    ).value
+    z, dz = solve(0.5), jax.grad(solve)(0.5)
+    assert jnp.allclose(dz, jnp.tanh(z) / (1 - 0.5 * (1 - jnp.tanh(z) ** 2)), rtol=1e-3)
+    ```
+    """
 
     def run(self, fn, params, x0, *, solve, throw):
         solver = solve.solver

@@ -1,6 +1,6 @@
 r"""The forward solve behind one interface, whoever's solver it is.
 
-`fixed_point` and the adjoints see a solver only through `Forward`: `Forward(solver, budget)(g,
+`fixed_point` and the adjoints see a solver only through `ForwardSolve`: `ForwardSolve(solver, budget)(g,
 x0)` solves $x = g(x)$ on a flat vector and returns an [`eqattn.Equilibrium`][] (its `value` the
 flat solution; nothing here is meant to be differentiated). Three kinds of solver are accepted:
 
@@ -83,6 +83,16 @@ class JaxoptSolver(eqx.Module):
     **Arguments:** `cls`, a jaxopt fixed-point class (`jaxopt.AndersonAcceleration`,
     `jaxopt.FixedPointIteration`, ...); `**options`, its keyword arguments other than
     `fixed_point_fun` (`tol`, `maxiter`, `history_size`, `implicit_diff_solve`, ...).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, jaxopt, eqattn
+
+    solver = eqattn.JaxoptSolver(jaxopt.AndersonAcceleration, tol=1e-6, maxiter=100)
+    eq = eqattn.fixed_point(lambda z, _: jnp.cos(z), jnp.zeros(()), solver=solver)
+    assert eq.converged and jnp.allclose(eq.value, 0.7390851, atol=1e-5)
+    ```
     """
 
     cls: type = eqx.field(static=True)
@@ -168,13 +178,23 @@ def _static_steps(budget, default, name) -> int:
         ) from None
 
 
-class Forward(eqx.Module):
+class ForwardSolve(eqx.Module):
     r"""The forward solve of $x = g(x)$ with `solver`, at most `budget` steps, from a flat `x0`:
-    `Forward(solver, budget)(g, x0)` returns an [`eqattn.Equilibrium`][] with the flat solution
+    `ForwardSolve(solver, budget)(g, x0)` returns an [`eqattn.Equilibrium`][] with the flat solution
     as `value` (not meant to be differentiated: adjoints decide the derivative).
 
     `budget` is an int32 array for eqattn's solvers (so it may change without recompiling), a
     Python int or `None` (the solver's own limit) for the others.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, eqattn
+
+    solve = eqattn.ForwardSolve(eqattn.Picard(rtol=1e-6), budget=jnp.int32(100))
+    eq = solve(jnp.cos, jnp.zeros(1))  # x = g(x) on a flat vector
+    assert eq.converged and jnp.allclose(eq.value, 0.7390851, atol=1e-5)
+    ```
     """
 
     solver: Any

@@ -11,6 +11,15 @@ class RESULTS(eqx.Enumeration):
 
     Compare with `==`, e.g. `eq.result == eqattn.RESULTS.successful` (an array; per example
     under `vmap`).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, eqattn
+
+    eq = eqattn.fixed_point(lambda z, _: z + jnp.nan, jnp.zeros(()))
+    assert eq.result == eqattn.RESULTS.nonfinite and jnp.isnan(eq.value)
+    ```
     """
 
     successful = ""
@@ -46,6 +55,16 @@ class Equilibrium(eqx.Module):
       updates only descend from there, so `True` means $z^*$ is not where repeated updates
       go (an extrapolating solver, or a solve stopped at its start). `False` does not prove
       the converse. `None` where no energy is defined.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, eqattn
+
+    eq = eqattn.fixed_point(lambda z, _: jnp.cos(z), jnp.zeros(()), solver=eqattn.Picard(max_steps=3))
+    assert not eq.converged and eq.steps == 3  # out of steps: reported, not hidden
+    assert eq.result == eqattn.RESULTS.max_steps_reached and eq.residual > 1e-4
+    ```
     """
 
     value: PyTree[Array]

@@ -12,7 +12,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import ArrayLike, Int, PyTree
 
 from ._adjoints import AbstractAdjoint, ImplicitAdjoint, JaxoptImplicit, _with_value
-from ._backends import Forward, JaxoptSolver, check_solver
+from ._backends import ForwardSolve, JaxoptSolver, check_solver
 from ._equilibrium import Equilibrium
 from ._solvers import AbstractFixedPointSolver, Anderson
 
@@ -37,6 +37,13 @@ def _check_structure(fn, z0, args):
             "`fn(z, args)` must return a pytree with the structure, shapes and dtypes of `z0`; "
             f"z0 is {_describe(z0)}, fn returned {_describe(out)}."
         )
+
+
+def _settings(tree):
+    """`tree` with any traced leaf cut from differentiation (`jax.lax.stop_gradient`)."""
+    return jax.tree.map(
+        lambda a: jax.lax.stop_gradient(a) if isinstance(a, jax.core.Tracer) else a, tree
+    )
 
 
 def default_adjoint(solver) -> AbstractAdjoint:
@@ -108,6 +115,9 @@ def fixed_point(
     adjoint = default_adjoint(solver) if adjoint is None else adjoint
     if not isinstance(adjoint, AbstractAdjoint):
         raise ValueError(f"`adjoint` must be an eqattn adjoint; got {adjoint!r}.")
+    # Settings, not parameters: `jax.grad` over a layer traces its solver's float fields
+    # (tolerances, damping); they take no gradient.
+    solver, adjoint = _settings(solver), _settings(adjoint)
     z0 = jax.tree.map(jnp.asarray, z0)
     _check_structure(fn, z0, args)
     if isinstance(solver, AbstractFixedPointSolver):
@@ -134,7 +144,7 @@ def fixed_point(
         fn_, args_ = jax.tree.map(lambda a, b: a[0] if b else a, params, boxed)
         return ravel_pytree(fn_(unravel(x), args_))[0]
 
-    eq = adjoint.run(flat_fn, params, x0, solve=Forward(solver, budget), throw=throw)
+    eq = adjoint.run(flat_fn, params, x0, solve=ForwardSolve(solver, budget), throw=throw)
     value = unravel(eq.value)
     if throw:
         value = eqx.error_if(

@@ -24,7 +24,19 @@ def jacobian_frobenius(
 ) -> Float[Array, ""]:
     r"""Hutchinson estimate of $\lVert J\rVert_F^2 = \mathbb{E}_{v\sim N(0, I)}\lVert v^\top
     J\rVert^2$ at `z`, averaged over `samples` probes. Unbiased; add it (times a small weight) to a
-    loss to keep the fixed point well conditioned."""
+    loss to keep the fixed point well conditioned.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    A = jnp.array([[0.5, 0.2], [0.0, 0.3]])
+    f = lambda z, args: jnp.tanh(A @ z)  # Jacobian at 0: A
+    est = eqattn.jacobian_frobenius(f, jnp.zeros(2), key=jax.random.key(0), samples=4000)
+    assert jnp.allclose(est, jnp.sum(A**2), rtol=0.1)  # ||J||_F^2, by Hutchinson's probes
+    ```
+    """
     if samples < 1:
         raise ValueError(f"`samples` must be >= 1; got {samples}.")
     x, vjp = _flat_vjp(fn, z, args)
@@ -37,7 +49,19 @@ def spectral_radius(
 ) -> Float[Array, ""]:
     r"""Power-iteration estimate of the spectral radius $\rho(J)$ at `z` ($= \rho(J^\top)$), from
     `steps` vector-Jacobian products. $\rho < 1$ means fixed-point iteration contracts locally.
-    Accurate when one eigenvalue dominates in modulus."""
+    Accurate when one eigenvalue dominates in modulus.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    A = jnp.array([[0.5, 0.2], [0.0, 0.3]])
+    f = lambda z, args: A @ z
+    rho = eqattn.spectral_radius(f, jnp.zeros(2), key=jax.random.key(0), steps=50)
+    assert jnp.allclose(rho, 0.5, atol=1e-3)  # the largest |eigenvalue| of A
+    ```
+    """
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1; got {steps}.")
     x, vjp = _flat_vjp(fn, z, args)

@@ -37,7 +37,22 @@ class AbstractKrylov(eqx.Module):
 
 class GMRES(AbstractKrylov):
     """Restarted GMRES (`lx.GMRES`; `restart` Krylov vectors per cycle, at most `max_steps`
-    iterations)."""
+    iterations).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    A = jnp.array([[0.5, 0.2], [-0.3, 0.4]])
+    f = lambda z, b: A @ z + b
+    adjoint = eqattn.ImplicitAdjoint(linear_solver=eqattn.GMRES(rtol=1e-8))
+    solve = lambda b: eqattn.fixed_point(f, jnp.zeros(2), b, adjoint=adjoint).value.sum()
+    # the backward solve of (I - A^T) u = g by GMRES
+    grad = jax.grad(solve)(jnp.array([1.0, 2.0]))
+    assert jnp.allclose(grad, jnp.linalg.solve((jnp.eye(2) - A).T, jnp.ones(2)), rtol=1e-4)
+    ```
+    """
 
     rtol: float = 1e-6
     atol: float = 1e-8
@@ -56,7 +71,22 @@ class GMRES(AbstractKrylov):
 
 
 class BiCGStab(AbstractKrylov):
-    """Biconjugate gradient, stabilized (`lx.BiCGStab`; two matrix products per step)."""
+    """Biconjugate gradient, stabilized (`lx.BiCGStab`; two matrix products per step).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    A = jnp.array([[0.5, 0.2], [-0.3, 0.4]])
+    f = lambda z, b: A @ z + b
+    adjoint = eqattn.ImplicitAdjoint(linear_solver=eqattn.BiCGStab(rtol=1e-8))
+    solve = lambda b: eqattn.fixed_point(f, jnp.zeros(2), b, adjoint=adjoint).value.sum()
+    # the backward solve of (I - A^T) u = g by BiCGStab
+    grad = jax.grad(solve)(jnp.array([1.0, 2.0]))
+    assert jnp.allclose(grad, jnp.linalg.solve((jnp.eye(2) - A).T, jnp.ones(2)), rtol=1e-4)
+    ```
+    """
 
     rtol: float = 1e-6
     atol: float = 1e-8
@@ -72,7 +102,22 @@ class BiCGStab(AbstractKrylov):
 class NormalCG(AbstractKrylov):
     r"""Conjugate gradient on the normal equations $A^\top A u = A^\top b$ (works for any
     nonsingular $A$; `lx.Normal(lx.CG(...))`; two matrix products per step, one of them
-    transposed)."""
+    transposed).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    A = jnp.array([[0.5, 0.2], [-0.3, 0.4]])
+    f = lambda z, b: A @ z + b
+    adjoint = eqattn.ImplicitAdjoint(linear_solver=eqattn.NormalCG(rtol=1e-8))
+    solve = lambda b: eqattn.fixed_point(f, jnp.zeros(2), b, adjoint=adjoint).value.sum()
+    # the backward solve of (I - A^T) u = g by NormalCG
+    grad = jax.grad(solve)(jnp.array([1.0, 2.0]))
+    assert jnp.allclose(grad, jnp.linalg.solve((jnp.eye(2) - A).T, jnp.ones(2)), rtol=1e-4)
+    ```
+    """
 
     rtol: float = 1e-6
     atol: float = 1e-8

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from .._core import Implementation
+from .._attention import Implementation
 from .._solve import (
     AbstractAdjoint,
     AbstractFixedPointSolver,
@@ -55,6 +55,17 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     `sequence`, an [`eqattn.parallel.SequenceSplit`][]: the tokens split over a mesh axis (ring
     attention, the solve on the sharded state); `implementation`, the attention kernel (see
     [`eqattn.select_implementation`][]).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    block = eqattn.nn.DEQBlock(16, 2, key=jax.random.key(0), mlp_ratio=2.0)
+    x = jax.random.normal(jax.random.key(1), (3, 10, 16))  # [batch, tokens, dim]
+    z, eq = jax.vmap(block.forward)(x)  # each example solved and stopped on its own
+    assert z.shape == x.shape and eq.steps.shape == (3,) and bool(jnp.all(eq.converged))
+    ```
     """
 
     attention: MultiHeadAttention
@@ -250,6 +261,17 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     is `True` for real tokens. `model.forward(x, ...)` also returns the block's `Equilibrium`.
     The modules: `embedding` ([`eqattn.nn.TokenEmbedding`][]), `block`, `readout`
     ([`eqattn.nn.ReadOut`][]), as [`eqattn.nn.Transformer`][] has them.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    model = eqattn.nn.DEQTransformer(10, 16, 2, key=jax.random.key(0), in_features=8, max_len=8)
+    x = jax.random.normal(jax.random.key(1), (8, 8))  # 8 tokens of 8 features (a digit's rows)
+    logits, eq = model.forward(x)
+    assert logits.shape == (10,) and eq.converged
+    ```
     """
 
     embedding: TokenEmbedding

@@ -26,8 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._attention import attention, attention_weights, merge_heads, split_heads
-from .._core import Implementation
+from .._attention import Implementation, attention, attention_weights, merge_heads, split_heads
 from .._hopfield import hopfield_energy
 from .._renorm import renormalize
 from .._solve import (
@@ -97,6 +96,18 @@ class Hopfield(AbstractEquilibriumLayer):
     padding_mask=None, key=None, inference=None) -> [n, out_dim]`; `association_mask`
     broadcasts to `[n, m]` and `padding_mask [m]` marks real stored patterns (True); `key` draws
     the dropout mask.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    layer = eqattn.nn.Hopfield(16, 8, 2, key=jax.random.key(0))  # state 16 wide, stored 8 wide
+    state = jax.random.normal(jax.random.key(1), (5, 16))
+    stored = jax.random.normal(jax.random.key(2), (12, 8))
+    out, eq = layer.forward(state, stored)
+    assert out.shape == (5, 16) and eq.converged and not eq.energy_rose
+    ```
     """
 
     attention: MultiHeadAttention
@@ -419,7 +430,18 @@ class Hopfield(AbstractEquilibriumLayer):
 class HopfieldPooling(AbstractSolved):
     """Learned state patterns pool a set of stored patterns `[m, dim]` into `num_queries`
     vectors `[num_queries, out_dim]` (the pooling role); `trainable=False` keeps the queries
-    fixed (no gradient reaches them). Other keywords go to [`eqattn.nn.Hopfield`][]."""
+    fixed (no gradient reaches them). Other keywords go to [`eqattn.nn.Hopfield`][].
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    pool = eqattn.nn.HopfieldPooling(16, 2, key=jax.random.key(0), num_queries=3)
+    x = jax.random.normal(jax.random.key(1), (20, 16))  # a set of 20 items
+    assert pool(x).shape == (3, 16)  # three learned queries retrieve from it
+    ```
+    """
 
     hopfield: Hopfield
     queries: Float[Array, "q dim"]
@@ -461,7 +483,18 @@ class HopfieldLayer(AbstractSolved):
     patterns `[n, dim]` (the layer/memory role). `trainable=False` keeps them fixed (no gradient
     reaches them); `separate_targets=True` projects the values from a second learned table
     (hopfield-layers' `lookup_weights_as_separated`), fixed when `targets_trainable=False`
-    (its `lookup_targets_as_trainable`). Other keywords go to [`eqattn.nn.Hopfield`][]."""
+    (its `lookup_targets_as_trainable`). Other keywords go to [`eqattn.nn.Hopfield`][].
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    lookup = eqattn.nn.HopfieldLayer(16, 32, 2, key=jax.random.key(0))  # 32 learned patterns
+    x = jax.random.normal(jax.random.key(1), (5, 16))
+    assert lookup(x).shape == (5, 16)
+    ```
+    """
 
     hopfield: Hopfield
     patterns: Float[Array, "p dim"]

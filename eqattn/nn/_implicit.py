@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._core import Implementation
+from .._attention import Implementation
 from .._renorm import renormalize, standardize_tokens
 from .._solve import (
     AbstractAdjoint,
@@ -73,6 +73,19 @@ class ImplicitAttention(AbstractEquilibriumLayer):
 
     Acts on one example `x [tokens, dim]` (use `jax.vmap` for a batch); `mask` is boolean,
     broadcasting to `[tokens, tokens]`, `True` where token i may attend to token j.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    layer = eqattn.nn.ImplicitAttention(16, 2, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (6, 16))  # [tokens, dim]: one example
+    z, eq = layer.forward(x)
+    assert z.shape == (6, 16) and eq.converged
+    # z is the fixed point of the layer's map: one more step leaves it (nearly) where it is
+    assert jnp.linalg.norm(layer.step(z, layer.injection(x)) - z) <= 1e-3 * jnp.linalg.norm(z)
+    ```
     """
 
     attention: MultiHeadAttention

@@ -9,8 +9,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from .._attention import attention, attention_weights, merge_heads, split_heads
-from .._core import Implementation, check_implementation
+from .._attention import (
+    Implementation,
+    attention,
+    attention_weights,
+    check_implementation,
+    merge_heads,
+    split_heads,
+)
 from ..parallel import SequenceSplit, ring_attention
 
 

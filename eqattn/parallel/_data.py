@@ -19,7 +19,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
 def data_mesh(axis: str = "data", devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A one-axis mesh named `axis` over `devices` (default: every device of every process)."""
+    """A one-axis mesh named `axis` over `devices` (default: every device of every process).
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    mesh = eqattn.parallel.data_mesh()  # every device on one axis, "data"
+    assert mesh.shape["data"] == jax.device_count()
+    ```
+    """
     devices = jax.devices() if devices is None else list(devices)
     return Mesh(np.asarray(devices), (axis,))
 
@@ -36,6 +46,16 @@ def shard_batch(tree: Any, mesh: Mesh, axis: str = "data") -> Any:
 
     Each process passes its own rows (on one process: the whole batch); the global batch is the
     processes' rows stacked, and must divide evenly over the devices of `axis`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    mesh = eqattn.parallel.data_mesh()
+    x = eqattn.parallel.shard_batch(jnp.zeros((8 * jax.device_count(), 3)), mesh)
+    assert len(x.sharding.device_set) == jax.device_count()  # split along the batch axis
+    ```
     """
     size = _check_axis(mesh, axis)
     sharding = NamedSharding(mesh, P(axis))
@@ -58,7 +78,18 @@ def shard_batch(tree: Any, mesh: Mesh, axis: str = "data") -> Any:
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """Every array leaf of `tree` (e.g. a model's parameters and optimizer state) replicated over
-    `mesh`; non-array leaves are left alone."""
+    `mesh`; non-array leaves are left alone.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    mesh = eqattn.parallel.data_mesh()
+    params = eqattn.parallel.replicate({"w": jnp.ones((3, 3)), "lr": 1e-3}, mesh)
+    assert params["w"].sharding.is_fully_replicated and params["lr"] == 1e-3  # arrays only
+    ```
+    """
     sharding = NamedSharding(mesh, P())
 
     def put(x):

@@ -22,7 +22,7 @@ number of chunk pairs to compute at every ring step (two, three on its own block
 pairs that causality masks entirely. A contiguous split would leave device 0 idle for all
 but one step and give device $P - 1$ all the work; a striped split balances the work too but
 masks half of every block, so it can skip none. Pairs on the diagonal are the one-device causal
-attention of the engine (`eqattn._causal`: halved down to `chunk_size`, default 512, queries),
+attention of the engine (`eqattn._attention._causal`: halved down to `chunk_size`, default 512, queries),
 so no large causal mask is ever formed. The skip is a `lax.switch` per chunk pair (measured on
 CPU devices only).
 """
@@ -40,18 +40,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .. import _causal, _core
-from .._implementation import (
-    check_chunk_size,
-    flatten,
-    nonfinite_rows,
-    poison_codes,
-    poisoned,
-    sanitize,
-    select_implementation,
-    validate,
-    zero_rows,
-)
+from .. import _attention as engine
 from ._sequence import check_axis, varying
 
 
@@ -63,12 +52,12 @@ class _Ring:
     size: int  # devices on the ring
     causal: bool
     chunk_size: int | None
-    tiling: _core.Tiling
+    tiling: engine.Tiling
     # "auto", "xla" or "chunked": the core's plan for each pair of blocks; "pallas": the fused
-    # kernel (`eqattn._pallas`), whose forward and backward keep no block of logits.
+    # kernel (`eqattn._attention._pallas`), whose forward and backward keep no block of logits.
     implementation: str = "auto"
     # A diagonal block (queries and keys at the same positions) is computed by the engine's
-    # causal blocks (`eqattn._causal`): halved until its leaves have at most this many queries.
+    # causal blocks (`eqattn._attention._causal`): halved until its leaves have at most this many queries.
     leaf: int = 512
 
 
@@ -137,17 +126,17 @@ def _pair_mask(msk, rows, col, width):
 
 
 def _blocks(ring: _Ring):
-    """What computes a pair of blocks: the fused kernel or the core (its plan per block)."""
+    """What computes a pair of blocks: the fused kernel or the core (its path per block)."""
     if ring.implementation == "pallas":
-        return _causal.Pallas()
-    return _causal.Core(ring.implementation, ring.chunk_size, ring.tiling)
+        return engine.PallasBackend()
+    return engine.XlaBackend(ring.implementation, ring.chunk_size, ring.tiling)
 
 
 def _pair_forward(ring, q, k, v, b, mask, diag: bool):
     """`(out, lse)` of the queries against the keys; with `diag`, query i and key i are at the
     same position and a key after the query is hidden (the engine's causal blocks)."""
     if diag:
-        return _causal.forward(q, k, v, b, mask, _blocks(ring), ring.leaf)
+        return engine.causal_forward(q, k, v, b, mask, _blocks(ring), ring.leaf)
     return _blocks(ring).forward(q, k, v, b, mask)
 
 
@@ -155,7 +144,7 @@ def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
     """`(dq, dk, dv, dbeta)` shares of one pair (as `_pair_forward`); `rows_in` = the queries'
     `(lse, delta, g_out, g_lse)`."""
     if diag:
-        return _causal.backward(q, k, v, b, mask, *rows_in, dtype, _blocks(ring), ring.leaf)
+        return engine.causal_backward(q, k, v, b, mask, *rows_in, dtype, _blocks(ring), ring.leaf)
     return _blocks(ring).backward(q, k, v, b, mask, *rows_in, dtype)
 
 
@@ -186,7 +175,7 @@ def _block_forward(ring, me, src, q, k, v, b, msk, acc):
             )
             branches = [lambda empty=empty: empty, lambda: pair(False), lambda: pair(True)]
             new = lax.switch(_relation(chunks), branches)
-        o, s = _core.merge_partials((out[:, rows], lse[:, rows]), new)
+        o, s = engine.merge_partials((out[:, rows], lse[:, rows]), new)
         out, lse = out.at[:, rows].set(o), lse.at[:, rows].set(s)
     return out, lse
 
@@ -198,7 +187,7 @@ def _shift(ring: _Ring, *xs):
 
 
 def _ring_forward(ring: _Ring, q, k, v, b, msk):
-    dtype = _core.compute_dtype(q.dtype, k.dtype, v.dtype)
+    dtype = engine.compute_dtype(q.dtype, k.dtype, v.dtype)
     me = lax.axis_index(ring.axis)
     b = b.astype(dtype)
     acc = (
@@ -276,7 +265,7 @@ def _ring_backward(ring: _Ring, residuals, cotangents):
 
 
 def _make_inert(ring: _Ring, q, k, v, msk, m: int):
-    """[`make_inert`][eqattn._implementation.make_inert] per device, in the contiguous layout,
+    """The engine's `make_masked_inert` per device, in the contiguous layout,
     where a query may see a key only some others see (a per-query `msk` `[1 or B, n/P, m]`, or
     causality): the non-finite queries, keys and values are zeroed, and `poison` `[B, n/P]`
     marks the queries one of them reaches. Every device learns which keys and values are
@@ -285,7 +274,7 @@ def _make_inert(ring: _Ring, q, k, v, msk, m: int):
     me = lax.axis_index(ring.axis)
     nl, ml = q.shape[1], k.shape[1]
     rows = me * nl + jnp.arange(nl)  # the sequence positions of this device's queries
-    bad_q, bad_k, bad_v = nonfinite_rows(q, k, v)
+    bad_q, bad_k, bad_v = engine.nonfinite_rows(q, k, v)
     flags = jnp.zeros((bad_k.shape[0], m), jnp.int32)
     flags = flags.at[:, me * ml + jnp.arange(ml)].set(2 * bad_k + bad_v)
     flags = lax.psum(flags, ring.axis)  # [B, m], in sequence order: 2 key, 1 value, 3 both
@@ -294,13 +283,18 @@ def _make_inert(ring: _Ring, q, k, v, msk, m: int):
         seen = msk
         if ring.causal:
             seen = seen & (jnp.arange(m)[None, :] <= rows[:, None])
-        poison = poison_codes(seen, bad_q, bad_keys, bad_values)
+        poison = engine.poison_codes(seen, bad_q, bad_keys, bad_values)
     else:  # causality with key padding (its unseen keys are zero already) or no mask
         codes = (2 * bad_keys + bad_values).astype(jnp.int8)
         reached = lax.cummax(codes, axis=1)[:, rows]
         sees = True if msk is None else (jnp.cumsum(msk[:, 0], axis=-1) > 0)[:, rows]
         poison = jnp.maximum(reached, 2 * (bad_q & sees).astype(jnp.int8))
-    return zero_rows(q, bad_q), zero_rows(k, bad_k), zero_rows(v, bad_v), poison
+    return (
+        engine.zero_rows(q, bad_q),
+        engine.zero_rows(k, bad_k),
+        engine.zero_rows(v, bad_v),
+        poison,
+    )
 
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -328,7 +322,7 @@ def ring_attention_with_lse(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
-    tiling: _core.Tiling | None = None,
+    tiling: engine.Tiling | None = None,
     implementation: Literal["auto", "xla", "chunked", "pallas"] = "auto",
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""[`eqattn.attention_with_lse`][] with the queries, keys and values all split along the
@@ -365,12 +359,26 @@ def ring_attention_with_lse(
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, sharded along `n` over
     `axis` like the queries, equal to the one-device result up to round-off. Reverse-mode
     differentiable (not forward mode, not twice).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, numpy as np, eqattn
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()), ("seq",))
+    n = 16 * jax.device_count()  # queries, keys and values all split over "seq"
+    q, k, v = jax.random.normal(jax.random.key(0), (3, n, 8))
+    out, lse = eqattn.parallel.ring_attention_with_lse(q, k, v, mesh=mesh, axis="seq", causal=True)
+    ref_out, ref_lse = eqattn.attention_with_lse(q, k, v, causal=True)
+    assert jnp.allclose(out, ref_out, atol=1e-5) and jnp.allclose(lse, ref_lse, atol=1e-5)
+    ```
     """
     # Checked before `jit`: a concrete `beta`'s values, and the static arguments (hashable).
-    queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, _ = engine.check_arguments(queries, keys, values, beta, mask)
     check_axis(mesh, axis)
-    check_chunk_size(chunk_size)
-    tiling = _core.check_tiling(tiling)
+    engine.check_chunk_size(chunk_size)
+    tiling = engine.check_tiling(tiling)
     check_ring_implementation(implementation, queries, keys, values)
     return _ring_attention_with_lse(
         queries,
@@ -395,7 +403,7 @@ def check_ring_implementation(implementation, queries, keys, values) -> None:
             f"got {implementation!r}."
         )
     if implementation == "pallas":
-        select_implementation(queries, keys, values, implementation="pallas", need_lse=True)
+        engine.select_implementation(queries, keys, values, implementation="pallas", need_lse=True)
 
 
 # Jitted: run eagerly, `shard_map` executes the ring's steps one operation at a time (a causal
@@ -408,7 +416,8 @@ def _ring_attention_with_lse(
     queries, keys, values, beta, mask, *, mesh, axis, causal, chunk_size, tiling, implementation
 ):
     # (the static arguments were checked by the caller, before `jit`)
-    queries, keys, values, beta, mask, batch = validate(queries, keys, values, beta, mask)
+    args = engine.check_arguments(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, batch = args
     size = mesh.shape[axis]
     n, m = queries.shape[-2], keys.shape[-2]
     parts = 2 * size if causal else size
@@ -426,10 +435,7 @@ def _ring_attention_with_lse(
         )
     # Key padding is made inert here; per-query masks and causality on each device (_make_inert).
     per_query = mask is not None and mask.ndim >= 2 and mask.shape[-2] > 1
-    queries, keys, values, beta, _ = sanitize(
-        queries, keys, values, beta, mask, batch, inert=not per_query
-    )
-    q, k, v, b, mask = flatten(queries, keys, values, beta, mask, batch)
+    q, k, v, b, mask = engine.prepare(args, inert=not per_query)[:5]
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
     in_specs = (seq, seq, seq, P(), seq if split_mask else P())
@@ -450,7 +456,7 @@ def _ring_attention_with_lse(
         out, lse = _ring_core(ring, q, k, v, b, msk)
         if causal:
             out, lse = _from_zigzag(ring, out), _from_zigzag(ring, lse)
-        out, lse = poisoned(out, lse, poison)
+        out, lse = engine.apply_poison(out, lse, poison)
         return out.astype(v.dtype), lse.astype(v.dtype)
 
     args = (q, k, v, b, mask)
@@ -485,10 +491,23 @@ def ring_attention(
     mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
-    tiling: _core.Tiling | None = None,
+    tiling: engine.Tiling | None = None,
     implementation: Literal["auto", "xla", "chunked", "pallas"] = "auto",
 ) -> Float[Array, "*batch n dv"]:
-    """The output of [`eqattn.parallel.ring_attention_with_lse`][] (same arguments)."""
+    """The output of [`eqattn.parallel.ring_attention_with_lse`][] (same arguments).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, numpy as np, eqattn
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()), ("seq",))
+    x = jax.random.normal(jax.random.key(0), (2, 8 * jax.device_count(), 8))
+    out = eqattn.parallel.ring_attention(x, x, mesh=mesh, axis="seq")
+    assert jnp.allclose(out, eqattn.attention(x, x), atol=1e-5)
+    ```
+    """
     return ring_attention_with_lse(
         queries,
         keys,

@@ -20,9 +20,14 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._attention import attention_with_lse
-from .._core import Tiling, check_tiling, finalize
-from .._implementation import poisoned, validate
+from .._attention import (
+    Tiling,
+    apply_poison,
+    attention_with_lse,
+    check_arguments,
+    check_tiling,
+    finalize,
+)
 
 
 def varying(x, axis):
@@ -77,9 +82,23 @@ def sharded_attention_with_lse(
 
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, equal to the one-device
     result up to round-off.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, numpy as np, eqattn
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()), ("seq",))
+    q = jax.random.normal(jax.random.key(0), (16, 8))
+    k = jax.random.normal(jax.random.key(1), (8 * jax.device_count(), 8))  # keys split over "seq"
+    out, lse = eqattn.parallel.sharded_attention_with_lse(q, k, mesh=mesh, axis="seq")
+    ref_out, ref_lse = eqattn.attention_with_lse(q, k)
+    assert jnp.allclose(out, ref_out, atol=1e-5) and jnp.allclose(lse, ref_lse, atol=1e-5)
+    ```
     """
     # Checked before `jit`: a concrete `beta`'s values, and the static arguments (hashable).
-    queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, _ = check_arguments(queries, keys, values, beta, mask)
     check_axis(mesh, axis)
     tiling = check_tiling(tiling)
     return _sharded_attention_with_lse(
@@ -101,7 +120,7 @@ def _sharded_attention_with_lse(
     queries, keys, values, beta, mask, *, mesh, axis, chunk_size, tiling
 ):
     # (the static arguments were checked by the caller, before `jit`)
-    queries, keys, values, beta, mask, _ = validate(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, _ = check_arguments(queries, keys, values, beta, mask)
     size, m = mesh.shape[axis], keys.shape[-2]
     if m % size:
         raise ValueError(
@@ -131,13 +150,13 @@ def _sharded_attention_with_lse(
         out, lse = attention_with_lse(
             q, k, v, beta=b, mask=msk, chunk_size=chunk_size, tiling=tiling
         )
-        # A query that a non-finite input reaches on one device (NaN there: see `make_inert`)
+        # A query that a non-finite input reaches on one device (NaN there: see `make_masked_inert`)
         # is left out of the merge and set to NaN after it: merged, its NaN would come back to
         # every device's gradients (0 x NaN).
         code = jnp.where(jnp.isnan(lse), 2, jnp.any(jnp.isnan(out), axis=-1)).astype(jnp.int8)
         lse = jnp.where(code > 1, -jnp.inf, lse)
         out = jnp.where(code[..., None] > 0, jnp.zeros((), out.dtype), out)
-        out, lse = poisoned(*_combine(out, lse, axis), lax.pmax(code, axis))
+        out, lse = apply_poison(*_combine(out, lse, axis), lax.pmax(code, axis))
         return out.astype(values.dtype), lse.astype(values.dtype)
 
     args = (queries, keys, values, beta, mask)

@@ -22,6 +22,20 @@ class SequenceSplit:
     token or reduces over all of them), so the solvers' norms and inner products are global
     reductions, every device takes the same steps and decides convergence identically, and the
     implicit backward runs sharded too. The token count must be a multiple of the axis size.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, numpy as np, eqattn
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()), ("seq",))
+    split = eqattn.parallel.SequenceSplit(mesh, "seq")  # the tokens over "seq", ring attention
+    layer = eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0), sequence=split)
+    plain = eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2 * jax.device_count(), 8))
+    assert jnp.allclose(layer(x), plain(x), atol=1e-4)
+    ```
     """
 
     mesh: Mesh

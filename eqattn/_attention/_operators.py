@@ -1,4 +1,6 @@
-r"""Attention as the gradient of a log-normalizer, and multi-head reshaping.
+r"""The public operators: attention as the gradient of a log-normalizer, and multi-head reshaping.
+Each call walks one path: check ([`check_arguments`][]) -> plan ([`plan`][], the choice
+`eqattn.select_implementation` reports) -> prepare ([`prepare`][]) -> run ([`run`][]).
 
 For a discrete carrier on the keys, $A(\eta) = \log\sum_j e^{\beta k_j\cdot\eta}$ and
 $\frac{1}{\beta}\nabla_\eta A = \sum_j \mathrm{softmax}_j(\beta k\cdot\eta)\, k_j$: softmax
@@ -10,9 +12,32 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._causal import causal_mask
-from ._core import Implementation, Tiling
-from ._implementation import dispatch
+from ._backends import run
+from ._checks import Implementation, check_causal, check_chunk_size
+from ._plan import Tiling, check_tiling, plan
+from ._prepare import causal_mask, check_arguments, prepare
+
+
+def _dispatch(
+    queries, keys, values, *, beta, mask, causal, chunk_size, implementation, tiling, need_lse
+) -> tuple[Array, Array | None]:
+    """`(out, lse)` (`lse` None from cuDNN) by the one path: check, plan, prepare, run."""
+    args = check_arguments(queries, keys, values, beta, mask)
+    check_chunk_size(chunk_size)
+    check_causal(causal)
+    chosen = plan(
+        args.queries,
+        args.keys,
+        args.values,
+        mask=args.mask,
+        implementation=implementation,
+        chunk_size=chunk_size,
+        need_lse=need_lse,
+        tiling=check_tiling(tiling),
+        causal=causal,
+    )
+    problem = prepare(args, causal)
+    return problem.finish(*run(chosen, problem))
 
 
 def attention_with_lse(
@@ -61,18 +86,15 @@ def attention_with_lse(
       the cache and the keys up to their own), combined with `mask`. No `n x m` mask is formed
       and the blocks above the diagonal are not computed, by every implementation (see
       [`eqattn.Tiling`][]`.causal_leaf`); cuDNN takes it when $n = m$. Static.
-    - `chunk_size`: process the keys in blocks of this many with a running (max, sum-exp, weighted
-      sum) (online softmax), forward and backward, so memory is $O(n \cdot \mathrm{chunk})$ rather
-      than $O(nm)$. `None` picks automatically: on CPU, tiles of queries (memory
-      $O(\mathrm{tile} \cdot m)$ per batch element); elsewhere, chunks of 1024 keys above $2^{26}$
-      logits per batch element, else a single pass. Results equal the single pass to round-off.
-    - `implementation`: `"auto"` (as just described), `"xla"` (never chunked), `"chunked"`
-      (blocks of `chunk_size`, default 1024, keys) or `"pallas"`: eqattn's fused kernel
-      (FlashAttention-2 tiling, compiled with Triton on NVIDIA GPUs and Mosaic on TPUs; on CPU it
-      runs in Pallas interpret mode, which is slow and meant for tests), memory $O((n + m) d)$
-      forward and backward; feature sizes up to 256. cuDNN's fused kernel (`"cudnn"`) returns no
-      log-sum-exp: it is available through [`eqattn.attention`][]. See
-      [`eqattn.select_implementation`][].
+    - `chunk_size`: process the keys in blocks of this many with a running (max, sum-exp,
+      weighted sum) (online softmax), forward and backward: memory $O(n \cdot \mathrm{chunk})$
+      rather than $O(nm)$, results equal to one pass to round-off. `None`: as `"auto"` decides.
+    - `implementation`: `"auto"` (the rule: [`eqattn.select_implementation`][]), `"xla"`
+      (eqattn's one pass, never chunked), `"chunked"` (blocks of `chunk_size`, default 1024,
+      keys) or `"pallas"`: eqattn's fused kernel (FlashAttention-2 tiling, Triton on NVIDIA
+      GPUs, Mosaic on TPUs, interpret mode on a CPU for tests), memory $O((n + m) d)$ forward
+      and backward, feature sizes up to 256. cuDNN's kernel (`"cudnn"`) returns no log-sum-exp:
+      it serves [`eqattn.attention`][] only.
     - `tiling`: an [`eqattn.Tiling`][], the thresholds and sizes of the automatic choices above
       (static; default `Tiling()`).
 
@@ -94,7 +116,7 @@ def attention_with_lse(
     assert jnp.allclose(out[..., 0, :], v[..., 0, :], atol=1e-6)
     ```
     """
-    return dispatch(
+    return _dispatch(
         queries,
         keys,
         values,
@@ -172,8 +194,7 @@ def attention(
     $q_i$, $\frac{1}{\beta}\nabla_{q_i} A(q_i)$ (see [`eqattn.log_normalizer`][]).
     Arguments as in [`eqattn.attention_with_lse`][]; a fully masked query gets 0. Here
     `implementation` may also be `"cudnn"`: cuDNN's fused flash attention on NVIDIA GPUs, which
-    `"auto"` picks when it can run the inputs (bf16/fp16, $d = d_v \le 128$, $8 \mid d$, no mask);
-    see [`eqattn.select_implementation`][].
+    `"auto"` picks where it can run the inputs ([`eqattn.select_implementation`][]).
 
     **Returns:** `[..., n, dv]`.
 
@@ -188,7 +209,7 @@ def attention(
     assert jnp.allclose(eqattn.attention(q, k, beta=2.0), grad / 2.0, atol=1e-5)
     ```
     """
-    return dispatch(
+    return _dispatch(
         queries,
         keys,
         values,
@@ -251,7 +272,19 @@ def attention_weights(
 
 
 def split_heads(x: Float[ArrayLike, "*batch n hd"], num_heads: int) -> Float[Array, "*batch h n d"]:
-    """`[..., n, heads * d]` -> `[..., heads, n, d]`."""
+    """`[..., n, heads * d]` -> `[..., heads, n, d]`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, eqattn
+
+    x = jnp.arange(2 * 5 * 12.0).reshape(2, 5, 12)  # [batch, n, heads * d]
+    h = eqattn.split_heads(x, 3)
+    assert h.shape == (2, 3, 5, 4) and jnp.all(h[:, 1] == x[..., 4:8])
+    assert jnp.all(eqattn.merge_heads(h) == x)
+    ```
+    """
     x = jnp.asarray(x)
     if x.ndim < 2 or num_heads < 1 or x.shape[-1] % num_heads:
         raise ValueError(
@@ -263,7 +296,18 @@ def split_heads(x: Float[ArrayLike, "*batch n hd"], num_heads: int) -> Float[Arr
 
 
 def merge_heads(x: Float[ArrayLike, "*batch h n d"]) -> Float[Array, "*batch n hd"]:
-    """`[..., heads, n, d]` -> `[..., n, heads * d]` (inverse of [`eqattn.split_heads`][])."""
+    """`[..., heads, n, d]` -> `[..., n, heads * d]` (inverse of [`eqattn.split_heads`][]).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, eqattn
+
+    h = jnp.arange(3 * 5 * 4.0).reshape(3, 5, 4)  # [heads, n, d]
+    x = eqattn.merge_heads(h)
+    assert x.shape == (5, 12) and jnp.all(x[:, 4:8] == h[1])
+    ```
+    """
     x = jnp.asarray(x)
     if x.ndim < 3:
         raise ValueError(f"`x` must have shape [..., heads, n, head_dim]; got shape {x.shape}.")

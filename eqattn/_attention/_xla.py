@@ -1,189 +1,25 @@
-r"""The log-normalizer core in XLA: one masked, numerically stable pass over the keys that returns
-the attention output and the log-sum-exp of every query (the `"xla"` and `"chunked"`
-implementations), and the input checks every implementation shares.
+r"""The XLA backend: one masked, numerically stable pass over the keys that returns the attention
+output and the log-sum-exp of every query (the `"xla"` and `"chunked"` implementations), and the
+online softmax's merge that every path shares.
 
-Everything in eqattn that needs $\log\sum_j e^{s_j}$ or a softmax-weighted mean calls
-[`eqattn.attention_with_lse`][] (directly or through `log_normalizer` / `attention`), which
-validates and flattens the inputs and picks an implementation (`_implementation.py`).
-
-The work is done on flattened inputs `q [B, n, d]`, `k [B, m, d]`, `v [B, m, dv]`, `beta [B]` and
-`mask [1 or B, 1 or n, m]`. A custom VJP saves only `(out, lse)` and recomputes the weights in the
-backward pass, so no `n x m` array is kept between the two passes.
+It computes on the flattened problem (`q [B, n, d]`, `k [B, m, d]`, `v [B, m, dv]`, `beta [B]`,
+`mask [1 or B, 1 or n, m]`, see `_prepare`) along a [`CorePath`][eqattn._attention._plan.CorePath]:
+one pass, query tiles (CPU) or key chunks. A custom VJP saves only `(out, lse)` and recomputes the
+weights in the backward pass, so no `n x m` array is kept between the two passes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools as ft
-from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
-
-Implementation = Literal["auto", "xla", "chunked", "cudnn", "pallas"]
-IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "pallas")
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiling:
-    r"""How the XLA core splits its work; static (part of the compiled program), so a different
-    `Tiling` compiles a different program. The defaults were measured (`python -m benchmarks
-    core` and `memory`); pass one to [`eqattn.attention_with_lse`][] (and the functions built on
-    it) to force a path, e.g. in tests or to trade speed for memory.
-
-    - `forward_logits`, `backward_logits` (defaults $2^{19}$, $2^{18}$): on CPU the softmax (exp,
-      max, sum over $n \times m$ logits) dominates, not the matmuls, and XLA makes several passes
-      over memory for it. Working one batch element and one tile of queries at a time keeps a
-      tile's logits (about this many entries; the backward holds three such arrays) in cache:
-      about 2x faster forward, and the recomputing backward then beats autodiff of the one-shot
-      form. Tiles have a power-of-two number of rows in [32, 1024].
-    - `min_logits` (default $2^{16}$): below this many logits per batch element the one-shot
-      form is already cache-resident and a loop over tiles would only add overhead.
-    - `auto_chunk_logits` (default $2^{26}$): off CPU, above this many logits per batch element
-      the key-chunked (online-softmax) path is taken when no `chunk_size` is given, memory
-      $O(n \cdot \mathrm{chunk})$ instead of $O(nm)$. (On CPU the query tiles bound it better:
-      measured forward+backward temporaries at $n = m = 16384$, $d = 64$, 4 heads: one pass
-      12 GB, key chunks of 1024 0.58 GB, query tiles 0.04 GB.)
-    - `chunk_size` (default 1024): keys per block when the chunked path is taken without an
-      explicit `chunk_size` argument.
-    - `causal_leaf` (default 512): with `causal=True`, the diagonal blocks are halved until they
-      have at most this many queries; only these leaves take a (`leaf x leaf`) triangular mask,
-      and the blocks above the diagonal are never computed.
-    """
-
-    forward_logits: int = 1 << 19
-    backward_logits: int = 1 << 18
-    min_logits: int = 1 << 16
-    auto_chunk_logits: int = 1 << 26
-    chunk_size: int = 1024
-    causal_leaf: int = 512
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            low = 0 if field.name == "min_logits" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"`Tiling.{field.name}` must be an int >= {low}; got {value!r}.")
-
-
-class Plan(NamedTuple):
-    """The static path of one core call: `chunk` keys per block (None: no key blocks), whether
-    the chunked path is `forced` (else it is taken off CPU only), and the CPU query tiles' rows
-    forward and backward (None: the one-shot form)."""
-
-    chunk: int | None
-    forced: bool
-    forward_rows: int | None
-    backward_rows: int | None
-
-
-def check_tiling(tiling) -> Tiling:
-    if tiling is None:
-        return Tiling()
-    if not isinstance(tiling, Tiling):
-        raise TypeError(f"`tiling` must be an eqattn.Tiling or None; got {type(tiling).__name__}.")
-    return tiling
-
-
-def check_implementation(implementation, need_lse: bool) -> None:
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`implementation` must be one of {', '.join(map(repr, IMPLEMENTATIONS))}; "
-            f"got {implementation!r}."
-        )
-    if need_lse and implementation == "cudnn":
-        raise ValueError(
-            "`implementation='cudnn'` returns no log-sum-exp: use it with `eqattn.attention`, "
-            "or pick 'auto', 'xla', 'chunked' or 'pallas' for the log-sum-exp."
-        )
 
 
 def compute_dtype(*dtypes) -> jnp.dtype:
     """Softmax and accumulation dtype: at least float32 (bf16/fp16 inputs are upcast)."""
     return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
-
-
-def is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
-def _shape_error(message: str, **arrays) -> ValueError:
-    shapes = ", ".join(f"{name} {tuple(jnp.shape(a))}" for name, a in arrays.items())
-    return ValueError(f"{message}; got {shapes}.")
-
-
-def _broadcast_batch(**arrays) -> tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*(jnp.shape(a)[:-2] for a in arrays.values())))
-    except ValueError:
-        raise _shape_error(
-            "the leading (batch) axes of "
-            + ", ".join(f"`{name}`" for name in arrays)
-            + " must broadcast against each other",
-            **arrays,
-        ) from None
-
-
-def check_inputs(queries, keys, values, beta, mask):
-    """Trace-time validation. Returns the broadcast batch shape."""
-    for name, a in (("queries", queries), ("keys", keys), ("values", values)):
-        if jnp.ndim(a) < 2:
-            raise ValueError(
-                f"`{name}` must have shape [..., tokens, features]; got shape {jnp.shape(a)}."
-            )
-        if not jnp.issubdtype(jnp.result_type(a), jnp.floating):
-            raise ValueError(f"`{name}` must be a floating-point array; got dtype {a.dtype}.")
-    if queries.shape[-1] != keys.shape[-1]:
-        raise _shape_error(
-            "`queries` and `keys` must have the same feature size d", queries=queries, keys=keys
-        )
-    if values.shape[-2] != keys.shape[-2]:
-        raise _shape_error(
-            "`values` must have one row per key (the same m as `keys`)", keys=keys, values=values
-        )
-    batch = _broadcast_batch(queries=queries, keys=keys, values=values)
-    n, m = queries.shape[-2], keys.shape[-2]
-
-    beta_shape = jnp.shape(beta)
-    if not jnp.issubdtype(jnp.result_type(beta), jnp.floating) and not jnp.issubdtype(
-        jnp.result_type(beta), jnp.integer
-    ):
-        raise ValueError(
-            f"`beta` must be a real number or array; got dtype {jnp.result_type(beta)}."
-        )
-    try:
-        ok = np.broadcast_shapes(beta_shape, batch) == batch
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"`beta` must be a scalar or broadcast to the batch axes {batch} of the inputs "
-            "(e.g. shape [heads] for inputs [..., heads, tokens, features]); "
-            f"got shape {beta_shape}."
-        )
-    if is_concrete(beta) and not np.all(np.isfinite(beta) & (np.asarray(beta) > 0)):
-        raise ValueError(
-            f"`beta` (the inverse temperature) must be finite and > 0; got {np.asarray(beta)}."
-        )
-
-    if mask is not None:
-        if jnp.result_type(mask) != jnp.bool_:
-            raise ValueError(
-                f"`mask` must be boolean (True = may attend); got dtype {jnp.result_type(mask)}."
-            )
-        target = batch + (n, m)
-        try:
-            ok = np.broadcast_shapes(jnp.shape(mask), target) == target
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"`mask` must broadcast to [..., n, m] = {target}; got shape {jnp.shape(mask)} "
-                f"(queries {queries.shape}, keys {keys.shape})."
-            )
-    return batch
 
 
 # --- the math on one tile (any leading axes) ---------------------------------------------------
@@ -427,50 +263,12 @@ def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chun
     return dq, unblock(dk), unblock(dv), dbeta
 
 
-def chunk_spec(
-    n: int, m: int, chunk_size: int | None, implementation: str, tiling: Tiling | None = None
-) -> tuple[int | None, bool]:
-    """`(keys per block or None, whether the chunked path is forced)`. `"chunked"` or an explicit
-    `chunk_size` force it; `"auto"` takes it (chunks of `tiling.chunk_size`) only off CPU above
-    `tiling.auto_chunk_logits` logits; `"xla"` never does."""
-    tiling = Tiling() if tiling is None else tiling
-    if implementation == "xla":
-        return None, False
-    if implementation == "chunked" or chunk_size is not None:
-        size = tiling.chunk_size if chunk_size is None else chunk_size
-        return (size, True) if size < m else (None, False)
-    if n * m >= tiling.auto_chunk_logits and tiling.chunk_size < m:
-        return tiling.chunk_size, False
-    return None, False
-
-
-def _tile_rows(n: int, m: int, budget: int, tiling: Tiling) -> int | None:
-    """Queries per tile for `m` keys and a logits budget (a power of two in [32, 1024]), or None
-    for the one-shot form."""
-    rows = 1 << max(5, min(10, (budget // max(m, 1)).bit_length() - 1))
-    return rows if n > rows and n * m >= tiling.min_logits else None
-
-
-def plan(
-    n: int, m: int, chunk_size: int | None, implementation: str, tiling: Tiling | None = None
-) -> Plan:
-    """The path of a core call on `n` queries and `m` keys (see `chunk_spec` and `Tiling`)."""
-    tiling = Tiling() if tiling is None else tiling
-    chunk, forced = chunk_spec(n, m, chunk_size, implementation, tiling)
-    return Plan(
-        chunk,
-        forced,
-        _tile_rows(n, m, tiling.forward_logits, tiling),
-        _tile_rows(n, m, tiling.backward_logits, tiling),
-    )
-
-
-def forward(q, k, v, beta, mask, plan: Plan):
-    """`(out, lse)` in the compute dtype (at least float32) of flattened inputs."""
+def forward(q, k, v, beta, mask, path):
+    """`(out, lse)` in the compute dtype (at least float32) of flattened inputs, along `path`."""
     dtype = compute_dtype(q.dtype, k.dtype, v.dtype)
     beta = beta.astype(dtype)
-    size, explicit, rows, _ = plan
-    if explicit:
+    size, always_chunked, rows, _ = path
+    if always_chunked:
         return _forward_chunked(q, k, v, beta, mask, dtype, size)
     one_shot = ft.partial(_tile_forward, dtype=dtype, scale_logits=True)
     if rows is None and size is None:
@@ -482,14 +280,14 @@ def forward(q, k, v, beta, mask, plan: Plan):
     return lax.platform_dependent(q, k, v, beta, mask, cpu=cpu, default=default)
 
 
-def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, plan: Plan, dtype):
+def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, path, dtype):
     r"""`(dq, dk, dv, dbeta)` in `dtype` of one set of keys, with the weights recomputed from the
     `lse` over all keys (which may be more than these: then these are this set's shares) and
     $\delta = \sum g_o \odot o$; the path (one shot, query tiles, key chunks) as `forward`."""
     args = (q, k, v, beta, mask, lse, delta, g_out, g_lse)
-    size, explicit, _, rows = plan
+    size, always_chunked, _, rows = path
     one_shot = ft.partial(_tile_backward, dtype=dtype)
-    if explicit:
+    if always_chunked:
         return _backward_chunked(*args, dtype=dtype, chunk=size)
     if rows is None and size is None:
         return one_shot(*args)
@@ -499,14 +297,14 @@ def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, plan: Plan, dtype):
 
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def attention_core(q, k, v, beta, mask, plan: Plan):
-    """`(out, lse)` of flattened inputs in the dtype of `v`; `plan` from `plan`."""
-    out, lse = forward(q, k, v, beta, mask, plan)
+def attention_core(q, k, v, beta, mask, path):
+    """`(out, lse)` of flattened inputs in the dtype of `v`, along `path` (a `CorePath`)."""
+    out, lse = forward(q, k, v, beta, mask, path)
     return out.astype(v.dtype), lse.astype(v.dtype)
 
 
-def _core_fwd(q, k, v, beta, mask, plan):
-    out, lse = forward(q, k, v, beta, mask, plan)
+def _core_fwd(q, k, v, beta, mask, path):
+    out, lse = forward(q, k, v, beta, mask, path)
     res = (q, k, v, beta, mask, out, lse)
     return (out.astype(v.dtype), lse.astype(v.dtype)), res
 
@@ -524,9 +322,9 @@ def recomputing_backward(res, cotangents, backward):
     return (*(g.astype(x.dtype) for g, x in zip(grads, (q, k, v, beta))), None)
 
 
-def _core_bwd(plan, res, cotangents):
+def _core_bwd(path, res, cotangents):
     return recomputing_backward(
-        res, cotangents, lambda *args: backward(*args[:-1], plan=plan, dtype=args[-1])
+        res, cotangents, lambda *args: backward(*args[:-1], path=path, dtype=args[-1])
     )
 
 

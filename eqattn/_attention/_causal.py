@@ -17,7 +17,7 @@ from the global log-sum-exp, as the core's key chunks do.
 
 A backend here is any object with the core's `forward` / `backward` contract on flattened
 inputs (`q [B, n, d]`, `k [B, m, d]`, `v [B, m, dv]`, `beta [B]`, `mask [1 or B, 1 or n, m]`):
-the XLA core under a `Plan` per block ([`Core`][]) or the fused Pallas kernel ([`Pallas`][]).
+the XLA core along a path per block or the fused Pallas kernel (`_backends`).
 """
 
 from __future__ import annotations
@@ -29,44 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _core
-from ._pallas import _attention as _pallas
-
-
-@dataclasses.dataclass(frozen=True)
-class Core:
-    """The XLA core: each block under the plan its own shape gets (query tiles, key chunks)."""
-
-    implementation: str = "auto"
-    chunk_size: int | None = None
-    tiling: _core.Tiling = _core.Tiling()
-
-    def _plan(self, q, k):
-        return _core.plan(q.shape[1], k.shape[1], self.chunk_size, self.implementation, self.tiling)
-
-    def forward(self, q, k, v, beta, mask):
-        return _core.forward(q, k, v, beta, mask, self._plan(q, k))
-
-    def backward(self, q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype):
-        plan = self._plan(q, k)
-        return _core.backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, plan, dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class Pallas:
-    """eqattn's fused kernel on each block."""
-
-    def forward(self, q, k, v, beta, mask):
-        return _pallas.forward(q, k, v, beta, mask)
-
-    def backward(self, q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype):
-        return _pallas.backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype)
-
-
-def causal_mask(n: int, m: int):
-    """`[n, m]`, True where query i may see key j (j <= i + m - n): for references and for the
-    one dense `[n, m]` operator, `attention_weights`."""
-    return np.arange(m)[None, :] <= np.arange(n)[:, None] + (m - n)
+from . import _xla
+from ._prepare import causal_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +138,7 @@ def forward(q, k, v, beta, mask, backend, leaf: int):
     """`(out, lse)` in the compute dtype of causal attention on flattened inputs (no VJP)."""
     B, n = q.shape[:2]
     m, dv = v.shape[1:]
-    dtype = _core.compute_dtype(q.dtype, k.dtype, v.dtype)
+    dtype = _xla.compute_dtype(q.dtype, k.dtype, v.dtype)
     s = min(n, m)
     if s == 0:
         return jnp.zeros((B, n, dv), dtype), jnp.full((B, n), -jnp.inf, dtype)
@@ -185,7 +149,7 @@ def forward(q, k, v, beta, mask, backend, leaf: int):
     for chunks, rows, _, args in _blocks(layout, qs, ks, vs, beta, ms):
         part = backend.forward(*args)
         view = [x.reshape(B, chunks, layout.S // chunks, *x.shape[2:]) for x in (out, lse)]
-        merged = _core.merge_partials(
+        merged = _xla.merge_partials(
             (view[0][:, rows], view[1][:, rows]), tuple(_unchunks(p, B) for p in part)
         )
         out, lse = (
@@ -194,7 +158,7 @@ def forward(q, k, v, beta, mask, backend, leaf: int):
     out, lse = out[:, :s], lse[:, :s]
     if m > n:  # keys before the square: one full block for every query
         prefix = backend.forward(q, k[:, : m - n], v[:, : m - n], beta, _prefix_mask(mask, n, m))
-        out, lse = _core.merge_partials((out, lse), prefix)
+        out, lse = _xla.merge_partials((out, lse), prefix)
     if n > m:  # queries before the first key see none
         out = jnp.concatenate([jnp.zeros((B, n - m, dv), dtype), out], axis=1)
         lse = jnp.concatenate([jnp.full((B, n - m), -jnp.inf, dtype), lse], axis=1)
@@ -252,7 +216,7 @@ def _core_fwd(q, k, v, beta, mask, backend, leaf):
 
 
 def _core_bwd(backend, leaf, res, cotangents):
-    return _core.recomputing_backward(
+    return _xla.recomputing_backward(
         res, cotangents, ft.partial(backward, backend=backend, leaf=leaf)
     )
 

@@ -1,0 +1,62 @@
+"""The attention engine. A public call walks one path (`_operators`):
+
+1. **check** (`_checks`, `_prepare.check_arguments`): the arguments as arrays, checked once;
+   bad input raises at trace time, naming the argument and the shapes;
+2. **plan** (`_plan`): the one choice of what runs, from shapes and dtypes (the rule for
+   `"auto"` is written there once; `eqattn.select_implementation` reports the same choice);
+3. **prepare** (`_prepare`): what the mask or causality hides made inert, masks broadcast and
+   everything flattened once, to `q [B, n, d]`, `k [B, m, d]`, `v [B, m, dv]`, `beta [B]`,
+   `mask [1 or B, 1 or n, m]`;
+4. **run** (`_backends`): a backend that only computes: the XLA core (`_xla`: one pass, query
+   tiles, key chunks), cuDNN (`_cudnn`), the fused Pallas kernel (`_pallas`), each causal
+   through the blocks of `_causal`.
+
+The names below are the engine's internal interface for the other floors of eqattn (`nn`,
+`parallel`); nothing outside this package imports its modules.
+"""
+
+from . import _causal
+from ._backends import (
+    PallasBackend as PallasBackend,
+    XlaBackend as XlaBackend,
+    backend_of as backend_of,
+)
+from ._checks import (
+    IMPLEMENTATIONS as IMPLEMENTATIONS,
+    Implementation as Implementation,
+    check_causal as check_causal,
+    check_chunk_size as check_chunk_size,
+    check_implementation as check_implementation,
+)
+from ._operators import (
+    attention as attention,
+    attention_weights as attention_weights,
+    attention_with_lse as attention_with_lse,
+    log_normalizer as log_normalizer,
+    merge_heads as merge_heads,
+    split_heads as split_heads,
+)
+from ._plan import (
+    Tiling as Tiling,
+    check_tiling as check_tiling,
+    select_implementation as select_implementation,
+)
+from ._prepare import (
+    Arguments as Arguments,
+    Problem as Problem,
+    apply_poison as apply_poison,
+    check_arguments as check_arguments,
+    nonfinite_rows as nonfinite_rows,
+    poison_codes as poison_codes,
+    prepare as prepare,
+    zero_rows as zero_rows,
+)
+from ._xla import (
+    compute_dtype as compute_dtype,
+    finalize as finalize,
+    merge_partials as merge_partials,
+)
+
+# The causal blocks on any backend, for ring attention's diagonal pairs.
+causal_forward = _causal.forward
+causal_backward = _causal.backward
