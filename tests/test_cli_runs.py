@@ -79,9 +79,9 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_does(reference, tmp
     assert metrics["epochs_done"] == 1 and metrics["status"] == "running"
     code = main(["evaluate", "--checkpoint", str(tmp_path), "--steps", "2"])
     assert code == 0
-    # a plain rerun refuses to replace it
-    again = _train(tmp_path, *TINY)
-    assert again.returncode == 1 and "holds a run" in _one_line(again.stderr)
+    if failpoint == "step:2:1":  # a plain rerun refuses to replace it
+        again = _train(tmp_path, *TINY)
+        assert again.returncode == 1 and "holds a run" in _one_line(again.stderr)
     resumed = _train(tmp_path, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert _model_bytes(tmp_path) == _model_bytes(reference)
@@ -92,25 +92,37 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_does(reference, tmp
     assert not [p.name for p in tmp_path.iterdir() if "tmp" in p.name]  # no temp file survives
 
 
-def test_overwrite_moves_the_old_run_aside_and_resume_of_a_finished_run(reference, tmp_path):
+def _refused(capsys, *argv):
+    """`(exit code, the one line of stderr)` of an `eqattn train` refused before training (in
+    this process: no start-up to pay)."""
+    code = main(["train", *argv])
+    return code, _one_line(capsys.readouterr().err)
+
+
+def test_overwrite_moves_the_old_run_aside_and_resume_of_a_finished_run(
+    reference, tmp_path, capsys
+):
     out = tmp_path / "run"
     out.mkdir()
     for name in ("checkpoint.eqx", "metrics.json"):
         (out / name).write_bytes((reference / name).read_bytes())
-    done = _train(out, "--resume")
-    assert done.returncode == 1 and "complete" in _one_line(done.stderr)
+    code, line = _refused(capsys, "--resume", "--out", str(out))
+    assert code == 1 and "complete" in line
     fresh = _train(out, *TINY[:-2], "--epochs", "1", "--overwrite")
     assert fresh.returncode == 0, fresh.stderr
     (moved,) = out.glob("replaced-*")
     assert (moved / "checkpoint.eqx").read_bytes() == (reference / "checkpoint.eqx").read_bytes()
     assert json.loads((out / "metrics.json").read_text())["epochs_done"] == 1
-    both = _train(out, "--overwrite", "--resume")
-    assert both.returncode == 2 and "exclude each other" in _one_line(both.stderr)
-    nothing = _train(tmp_path / "empty", "--resume")
-    assert nothing.returncode == 1 and "nothing to resume" in _one_line(nothing.stderr)
+    code, line = _refused(capsys, "--overwrite", "--resume", "--out", str(out))
+    assert code == 2 and "exclude each other" in line
+    code, line = _refused(capsys, "--resume", "--out", str(tmp_path / "empty"))
+    assert code == 1 and "nothing to resume" in line
 
 
-def test_a_second_run_into_a_locked_directory_exits_at_once(tmp_path):
+def test_a_locked_run_refuses_a_second_and_ctrl_c_keeps_its_checkpoint(tmp_path, capsys):
+    """A second `eqattn train` into a directory in use exits at once, moving nothing; Ctrl-C
+    (SIGINT) then ends the first with its model saved, metrics marked `interrupted` and a
+    one-line hint to resume it."""
     first = subprocess.Popen(
         [sys.executable, "-m", "eqattn", "train", *TINY[:-2], "--epochs", "10000"]
         + ["--out", str(tmp_path)],
@@ -129,10 +141,22 @@ def test_a_second_run_into_a_locked_directory_exits_at_once(tmp_path):
         assert second.returncode == 1
         assert f"in use by another eqattn train (PID {first.pid})" in _one_line(second.stderr)
         assert time.monotonic() - t0 < 30  # it did not wait for the lock
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
     finally:
-        first.kill()
-        first.communicate(timeout=30)
+        if first.poll() is None:
+            first.kill()
+            first.communicate(timeout=30)
     assert not list(tmp_path.glob("replaced-*"))  # the refused run moved nothing
+    assert first.returncode == 130, err
+    assert "interrupted in epoch" in err and "Traceback" not in err, err
+    assert f"eqattn train --resume --out {tmp_path} continues" in err, err
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["status"] == "interrupted" and metrics["epochs_done"] >= 1
+    code = main(["evaluate", "--checkpoint", str(tmp_path), "--steps", "4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"test accuracy {100 * metrics['test_accuracy']:.2f}%" in out
 
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "append"])

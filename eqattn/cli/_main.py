@@ -42,9 +42,29 @@ def parser() -> argparse.ArgumentParser:
         help="show the Python traceback of an error (also: EQATTN_DEBUG=1)",
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    m, t = ModelConfig(), _train_defaults()
-
     tr = sub.add_parser("train", help="train a DEQ transformer (or --model explicit) on digits")
+    _model_options(tr)
+    _training_options(tr)
+    _run_options(tr)
+    _evaluate_options(
+        sub.add_parser(
+            "evaluate", help="test accuracy of a checkpoint and its test-time compute knob"
+        )
+    )
+    _retrieve_options(
+        sub.add_parser("retrieve", help="Hopfield retrieval of digits from corrupted queries")
+    )
+    sub.add_parser("info", help="versions, devices and solver backends")
+    for command in sub.choices.values():  # --help shows every default
+        for action in command._actions:
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                action.help = (action.help or "") + " (default: %(default)s)"
+    return p
+
+
+def _model_options(tr) -> None:
+    """`eqattn train`'s model and solver options (`ModelConfig`)."""
+    m = ModelConfig()
     tr.add_argument("--model", choices=("deq", "explicit"), default=m.model)
     tr.add_argument(
         "--tokens",
@@ -81,6 +101,11 @@ def parser() -> argparse.ArgumentParser:
         default=m.backward_steps,
         help="implicit adjoint: the backward solve's step limit",
     )
+
+
+def _training_options(tr) -> None:
+    """`eqattn train`'s optimisation and DEQ training options (`TrainConfig`)."""
+    t = _train_defaults()
     tr.add_argument("--epochs", type=int, default=t.epochs)
     tr.add_argument("--batch-size", type=int, default=t.batch_size)
     tr.add_argument(
@@ -131,6 +156,10 @@ def parser() -> argparse.ArgumentParser:
         default=t.correction_decay,
         help="DEQ: weight decay of earlier pieces' losses (--corrections)",
     )
+
+
+def _run_options(tr) -> None:
+    """`eqattn train`'s run directory, progress and process options."""
     tr.add_argument(
         "--out", default="runs/digits", help="output directory (checkpoint.eqx, metrics.json)"
     )
@@ -167,9 +196,8 @@ def parser() -> argparse.ArgumentParser:
         "Cloud TPU): jax.distributed.initialize() with no arguments",
     )
 
-    ev = sub.add_parser(
-        "evaluate", help="test accuracy of a checkpoint and its test-time compute knob"
-    )
+
+def _evaluate_options(ev) -> None:
     ev.add_argument(
         "--checkpoint", required=True, help="checkpoint.eqx, or the directory holding it"
     )
@@ -178,7 +206,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json", default=None, help="also write the results to this JSON file")
 
-    re = sub.add_parser("retrieve", help="Hopfield retrieval of digits from corrupted queries")
+
+def _retrieve_options(re) -> None:
     re.add_argument("--patterns", type=int, default=200, help="images stored")
     re.add_argument("--corruption", choices=("mask", "noise"), default="mask")
     re.add_argument("--amount", type=float, default=0.5, help="fraction masked, or noise std")
@@ -188,13 +217,6 @@ def parser() -> argparse.ArgumentParser:
     re.add_argument("--steps", type=int, default=1, help="Hopfield updates per query")
     re.add_argument("--seed", type=int, default=0)
     re.add_argument("--out", default="runs/retrieval", help="output directory (retrieval.png)")
-
-    sub.add_parser("info", help="versions, devices and solver backends")
-    for command in sub.choices.values():  # --help shows every default
-        for action in command._actions:
-            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
-                action.help = (action.help or "") + " (default: %(default)s)"
-    return p
 
 
 def _train_defaults():

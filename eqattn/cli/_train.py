@@ -7,6 +7,7 @@ import json
 import math
 import os
 import resource
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -200,6 +201,12 @@ def train(
     raises `Interrupted`; a loss that turns NaN raises `CommandError` (the last epoch's
     checkpoint stays).
     """
+    budget = config.train_steps
+    if not resume and model_config.model == "deq" and (budget or 0) > model_config.max_steps:
+        raise UsageError(
+            f"train_steps ({budget}) must be at most max_steps ({model_config.max_steps}), the "
+            "solver's step limit the model is built with"
+        )
     writer = jax.process_index() == 0
     with RunDirectory(out_dir, overwrite=overwrite, resume=resume, writer=writer) as run:
         if run.moved_to is not None:
@@ -220,229 +227,276 @@ def _process_age() -> float | None:
 
 
 def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, Any]:
-    from tqdm.auto import tqdm
-
     t_enter = time.perf_counter()
     before = _process_age() or 0.0  # interpreter start-up and imports
-    eval_s = 0.0
-    ckpt = out / FILENAME
     header = None
     if resume:
-        _, header = read_header(ckpt)
-        if "resume" not in header:
-            raise CommandError(f"checkpoint {str(ckpt)!r} holds no training state to resume from")
+        header = _resumable_header(out)
         model_config = ModelConfig.from_dict(header["config"])
         config = TrainConfig(**header["resume"]["train_config"])
-        if header["resume"]["epoch"] >= config.epochs:
-            raise CommandError(
-                f"the run in {str(out)!r} is complete ({config.epochs} epochs); nothing to resume"
-            )
-    digits = data.load_digits()
-    train_images, train_labels = digits.train_images, digits.train_labels
-    if config.train_size is not None:
-        train_images, train_labels = (
-            train_images[: config.train_size],
-            train_labels[: config.train_size],
+    return _Training(model_config, config, out, header, clock=(t_enter, before)).run(progress)
+
+
+def _resumable_header(out: Path) -> dict[str, Any]:
+    """The header of the checkpoint in `out`, if it holds an unfinished run to resume."""
+    ckpt = out / FILENAME
+    _, header = read_header(ckpt)
+    if "resume" not in header:
+        raise CommandError(f"checkpoint {str(ckpt)!r} holds no training state to resume from")
+    epochs = header["resume"]["train_config"]["epochs"]
+    if header["resume"]["epoch"] >= epochs:
+        raise CommandError(
+            f"the run in {str(out)!r} is complete ({epochs} epochs); nothing to resume"
         )
-    test_x = jnp.asarray(data.tokenize(digits.test_images, model_config.tokens))
-    n_train = len(train_labels)
-    batch = min(config.batch_size, n_train)
-    steps_per_epoch = n_train // batch
-    total = steps_per_epoch * config.epochs
-    tokens = data.tokenize(train_images[:1], model_config.tokens)
-    model_config = dataclasses.replace(
-        model_config, num_tokens=tokens.shape[1], in_features=tokens.shape[2]
-    )
+    return header
 
-    key, init_key = jax.random.split(jax.random.key(config.seed))
-    model = build_model(model_config, init_key)
-    n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
-    optimizer = optimizer_of(config, total)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
 
-    warm = model_config.model == "deq" and config.warm_start
-    step = make_train_step(model_config, config, optimizer)
-    writer, place = jax.process_index() == 0, _placement(warm, batch)
-    if place is not None:
-        test_x = np.asarray(test_x)  # the same in every process: a replicated input
+class _Training:
+    """One training run's state: the data, the model and optimizer state, the random streams,
+    the history; `run` trains the epochs left, writing the checkpoint and metrics after each."""
 
-    rng = np.random.default_rng(config.seed)
-    x0 = jnp.asarray(data.tokenize(train_images[:batch], model_config.tokens))
-    # Each training example's last fixed point (zeros until its first solve), when warm-starting.
-    fixed_points, z_batch = None, None
-    if warm:
-        state = eqx.filter_eval_shape(lambda: predict(model, x0[0]).fixed_point)
-        fixed_points = np.zeros((n_train, *state.shape), state.dtype)
-        z_batch = jnp.asarray(fixed_points[:batch])
-    history: list[dict[str, Any]] = []
-    train_time, first_epoch = 0.0, 1
-    if resume:
-        like = (model, opt_state, jax.random.key_data(key), _points(fixed_points))
-        (model, opt_state, key_data, points), _ = load_train_state(ckpt, like)
-        key = jax.random.wrap_key_data(key_data)
-        fixed_points = np.array(points) if warm else None
+    FIELDS = ("loss", "train_accuracy", "solver_steps", "relative_residual", "converged")
+
+    def __init__(self, model_config, config, out: Path, header, *, clock):
+        # `clock`: (perf_counter at entry, seconds the process had run before it)
+        self.out, self.ckpt, self.config, self.clock = out, out / FILENAME, config, clock
+        self.eval_s, self.metrics = 0.0, {}
+        self._data(model_config, config)
+        key, init_key = jax.random.split(jax.random.key(config.seed))
+        self.model = build_model(self.model_config, init_key)
+        leaves = jax.tree.leaves(eqx.filter(self.model, eqx.is_inexact_array))
+        self.n_params = sum(x.size for x in leaves)
+        optimizer = optimizer_of(config, self.total)
+        self.opt_state = optimizer.init(eqx.filter(self.model, eqx.is_inexact_array))
+        self.warm = self.model_config.model == "deq" and config.warm_start
+        self.step = make_train_step(self.model_config, config, optimizer)
+        self.writer = jax.process_index() == 0
+        self.place = _placement(self.warm, self.batch)
+        if self.place is not None:
+            self.test_x = np.asarray(self.test_x)  # the same in every process: replicated
+        self.rng = np.random.default_rng(config.seed)
+        self.x0 = jnp.asarray(data.tokenize(self.train_images[: self.batch], self.tokens))
+        # Each training example's last fixed point (zeros until its first solve), when warm.
+        self.fixed_points, self.z_batch = None, None
+        if self.warm:
+            state = eqx.filter_eval_shape(lambda: predict(self.model, self.x0[0]).fixed_point)
+            self.fixed_points = np.zeros((self.n_train, *state.shape), state.dtype)
+            self.z_batch = jnp.asarray(self.fixed_points[: self.batch])
+        self.key, self.history, self.train_time, self.first_epoch = key, [], 0.0, 1
+        if header is not None:
+            self._restore(header)
+        self._compile()
+        self.evaluate = make_evaluator()
+        self.boundary = self.snapshot(self.first_epoch - 1)
+
+    def _data(self, model_config, config) -> None:
+        self.digits = digits = data.load_digits()
+        images, labels = digits.train_images, digits.train_labels
+        if config.train_size is not None:
+            images, labels = images[: config.train_size], labels[: config.train_size]
+        self.train_images, self.train_labels, self.tokens = images, labels, model_config.tokens
+        self.test_x = jnp.asarray(data.tokenize(digits.test_images, self.tokens))
+        self.n_train = len(labels)
+        self.batch = min(config.batch_size, self.n_train)
+        self.steps_per_epoch = self.n_train // self.batch
+        self.total = self.steps_per_epoch * config.epochs
+        shape = data.tokenize(images[:1], self.tokens).shape
+        self.model_config = dataclasses.replace(
+            model_config, num_tokens=shape[1], in_features=shape[2]
+        )
+
+    def _restore(self, header) -> None:
+        """The state saved at the last epoch boundary (`--resume`)."""
+        points = _points(self.fixed_points)
+        like = (self.model, self.opt_state, jax.random.key_data(self.key), points)
+        (self.model, self.opt_state, key_data, points), _ = load_train_state(self.ckpt, like)
+        self.key = jax.random.wrap_key_data(key_data)
+        self.fixed_points = np.array(points) if self.warm else None
         saved = header["resume"]
-        rng.bit_generator.state = saved["rng"]
-        history, train_time = saved["history"], saved["train_time_s"]
-        first_epoch = saved["epoch"] + 1
-    t_compile = time.perf_counter()
-    if place is not None:  # every process compiles for the global batch over all devices
-        model, opt_state = place.replicate((model, opt_state))
-        args = (*place.batch(x0, train_labels[:batch], np.arange(batch)), place.replicate(key))
-    else:
-        args = (x0, train_labels[:batch], key)
-    compiled = eqx.filter_jit(step).lower(model, opt_state, *args, z_batch).compile()
-    compile_s = time.perf_counter() - t_compile
-    memory = compiled.compiled.memory_analysis()
-    step_temp_mb = None if memory is None else memory.temp_size_in_bytes / 2**20
-    evaluate = make_evaluator()
+        self.rng.bit_generator.state = saved["rng"]
+        self.history, self.train_time = saved["history"], saved["train_time_s"]
+        self.first_epoch = saved["epoch"] + 1
 
-    metrics: dict[str, Any] = {}
+    def _compile(self) -> None:
+        t_compile = time.perf_counter()
+        batch, place = self.batch, self.place
+        if place is not None:  # every process compiles for the global batch over all devices
+            self.model, self.opt_state = place.replicate((self.model, self.opt_state))
+            labels = self.train_labels[:batch]
+            args = (*place.batch(self.x0, labels, np.arange(batch)), place.replicate(self.key))
+        else:
+            args = (self.x0, self.train_labels[:batch], self.key)
+        lowered = eqx.filter_jit(self.step).lower(self.model, self.opt_state, *args, self.z_batch)
+        self.compiled = lowered.compile()
+        self.compile_s = time.perf_counter() - t_compile
+        memory = self.compiled.compiled.memory_analysis()
+        self.step_temp_mb = None if memory is None else memory.temp_size_in_bytes / 2**20
 
-    def snapshot(epoch):
+    def snapshot(self, epoch):
         """What `--resume` needs to continue from the end of `epoch` (arrays are immutable, so
         holding them costs nothing; the mutable ones are copied)."""
         return dict(
-            arrays=(model, opt_state, jax.random.key_data(key), _points(fixed_points)),
+            arrays=(
+                self.model,
+                self.opt_state,
+                jax.random.key_data(self.key),
+                _points(self.fixed_points),
+            ),
             resume=dict(
                 epoch=epoch,
-                rng=rng.bit_generator.state,
-                history=[dict(h) for h in history],
-                train_time_s=train_time,
-                train_config=dataclasses.asdict(config),
+                rng=self.rng.bit_generator.state,
+                history=[dict(h) for h in self.history],
+                train_time_s=self.train_time,
+                train_config=dataclasses.asdict(self.config),
             ),
         )
 
-    boundary = snapshot(first_epoch - 1)
-
-    def write_metrics(status: str, epoch: int, at_boundary: bool) -> dict[str, Any]:
+    def write_metrics(self, status: str, epoch: int, at_boundary: bool) -> dict[str, Any]:
         """Evaluate on the test set, then save the checkpoint and metrics.json (at an epoch's
         end, with that epoch's state for `--resume`)."""
-        nonlocal boundary, eval_s
         t_eval = time.perf_counter()
-        preds, steps, residual, converged = (_on_host(a) for a in evaluate(model, test_x, None))
-        acc = float(np.mean(preds == digits.test_labels))  # as `evaluate` does
-        eval_s += time.perf_counter() - t_eval
-        total_s = before + time.perf_counter() - t_enter
+        results = self.evaluate(self.model, self.test_x, None)
+        preds, steps, residual, converged = (_on_host(a) for a in results)
+        acc = float(np.mean(preds == self.digits.test_labels))  # as `evaluate` does
+        self.eval_s += time.perf_counter() - t_eval
         if at_boundary:
-            history[-1].update(test_accuracy=acc, time_s=train_time)
-            boundary = snapshot(epoch)
-        metrics.update(
+            self.history[-1].update(test_accuracy=acc, time_s=self.train_time)
+            self.boundary = self.snapshot(epoch)
+        self.metrics.update(
             status=status,
             epochs_done=epoch,
             test_accuracy=acc,
             test_mean_solver_steps=float(steps.mean()),
             test_mean_relative_residual=float(residual.mean()),
             test_converged=float(converged.mean()),
-            params=int(n_params),
-            train_examples=n_train,
-            test_examples=len(digits.test_labels),
-            train_time_s=train_time,
-            compile_time_s=compile_s,
+            **self._record(),
+        )
+        if not self.writer:  # process 0 writes
+            return self.metrics
+        save_checkpoint(
+            self.ckpt,
+            self.model,
+            dataclasses.asdict(self.model_config),
+            train_state=self.boundary["arrays"],
+            resume=self.boundary["resume"],
+            epoch=epoch,
+            test_accuracy=acc,
+            dtype=jnp.dtype(self.model.readout.head.weight.dtype).name,
+        )
+        text = json.dumps(self.metrics, indent=2) + "\n"
+        atomic_write(self.out / "metrics.json", text.encode())
+        return self.metrics
+
+    def _record(self) -> dict[str, Any]:
+        """The run's description and times, for metrics.json."""
+        t_enter, before = self.clock
+        total_s = before + time.perf_counter() - t_enter
+        return dict(
+            params=int(self.n_params),
+            train_examples=self.n_train,
+            test_examples=len(self.digits.test_labels),
+            train_time_s=self.train_time,
+            compile_time_s=self.compile_s,
             time_split_s=dict(
-                startup_and_data=total_s - compile_s - train_time - eval_s,
-                compile=compile_s,
-                training=train_time,
-                evaluation=eval_s,
+                startup_and_data=total_s - self.compile_s - self.train_time - self.eval_s,
+                compile=self.compile_s,
+                training=self.train_time,
+                evaluation=self.eval_s,
                 total=total_s,
             ),
-            step_temp_memory_mb=step_temp_mb,
+            step_temp_memory_mb=self.step_temp_mb,
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             device=str(jax.devices()[0].device_kind),
             backend=jax.default_backend(),
-            model_config=dataclasses.asdict(model_config),
-            train_config=dataclasses.asdict(config),
-            checkpoint=str(ckpt),
-            history=history,
+            model_config=dataclasses.asdict(self.model_config),
+            train_config=dataclasses.asdict(self.config),
+            checkpoint=str(self.ckpt),
+            history=self.history,
         )
-        if not writer:  # process 0 writes
-            return metrics
-        save_checkpoint(
-            ckpt,
-            model,
-            dataclasses.asdict(model_config),
-            train_state=boundary["arrays"],
-            resume=boundary["resume"],
-            epoch=epoch,
-            test_accuracy=acc,
-            dtype=jnp.dtype(model.readout.head.weight.dtype).name,
-        )
-        atomic_write(out / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
-        return metrics
 
-    desc = f"{model_config.model} {model_config.tokens}"
-    if progress is None:
-        progress = "bar" if sys.stderr.isatty() else "lines"
-    progress = {True: "bar", False: "off"}.get(progress, progress) if writer else "off"
-    if progress not in ("bar", "lines", "off"):
-        raise ValueError(f"`progress` must be a bool, 'bar', 'lines' or None; got {progress!r}")
-    bar = tqdm(total=total, desc=desc, unit="step", disable=progress != "bar", file=sys.stderr)
-    bar.update(steps_per_epoch * (first_epoch - 1))
-    epoch = first_epoch - 1
-    test_acc = history[-1]["test_accuracy"] if history else float("nan")
-    fields = ("loss", "train_accuracy", "solver_steps", "relative_residual", "converged")
-    try:
-        for epoch in range(first_epoch, config.epochs + 1):
-            bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
-            t0 = time.perf_counter()
-            perm = rng.permutation(n_train)
-            x_all = data.tokenize(
-                shift_images(train_images, config.shift, rng), model_config.tokens
+    def train_epoch(self, epoch: int, bar, test_acc: float) -> np.ndarray:
+        """One epoch's optimizer steps; returns the means of `FIELDS` over them."""
+        perm = self.rng.permutation(self.n_train)
+        shifted = shift_images(self.train_images, self.config.shift, self.rng)
+        x_all = data.tokenize(shifted, self.tokens)
+        sums, batch = np.zeros(len(self.FIELDS)), self.batch
+        for i in range(self.steps_per_epoch):
+            failpoint(f"step:{epoch}:{i + 1}")
+            idx = perm[i * batch : (i + 1) * batch]
+            self.key, sub = jax.random.split(self.key)
+            z0 = self.fixed_points[idx] if self.warm else None
+            if self.place is None:
+                args = (x_all[idx], self.train_labels[idx], sub)
+            else:
+                place = self.place
+                args = (*place.batch(x_all, self.train_labels, idx), place.replicate(sub))
+            model, state, loss, aux, z = self.compiled(self.model, self.opt_state, *args, z0)
+            if self.warm:
+                self.fixed_points[idx] = np.asarray(z)
+            values = np.array([float(loss), *(float(a) for a in aux)])
+            if not math.isfinite(values[0]):
+                raise CommandError(
+                    f"training diverged in epoch {epoch}, step {i + 1} (loss {values[0]}); try a "
+                    f"smaller --lr. Last good checkpoint: {self.ckpt if epoch > 1 else 'none'}"
+                )
+            self.model, self.opt_state = model, state
+            sums += values
+            m = sums / (i + 1)
+            bar.set_postfix_str(
+                f"loss {m[0]:.3f} acc {m[1]:.3f} steps {m[2]:.1f} res {m[3]:.1e} "
+                f"test {test_acc:.3f}",
+                refresh=False,
             )
-            sums = np.zeros(len(fields))
-            for i in range(steps_per_epoch):
-                failpoint(f"step:{epoch}:{i + 1}")
-                idx = perm[i * batch : (i + 1) * batch]
-                key, sub = jax.random.split(key)
-                z0 = fixed_points[idx] if warm else None
-                if place is None:
-                    args = (x_all[idx], train_labels[idx], sub)
-                else:
-                    args = (*place.batch(x_all, train_labels, idx), place.replicate(sub))
-                new_model, new_state, loss, aux, z = compiled(model, opt_state, *args, z0)
-                if warm:
-                    fixed_points[idx] = np.asarray(z)
-                values = np.array([float(loss), *(float(a) for a in aux)])
-                if not math.isfinite(values[0]):
-                    raise CommandError(
-                        f"training diverged in epoch {epoch}, step {i + 1} (loss {values[0]}); try a "
-                        f"smaller --lr. Last good checkpoint: {ckpt if epoch > 1 else 'none'}"
+            bar.update()
+        return sums / self.steps_per_epoch
+
+    def run(self, progress) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        config, deq = self.config, self.model_config.model == "deq"
+        desc = f"{self.model_config.model} {self.model_config.tokens}"
+        if progress is None:
+            progress = "bar" if sys.stderr.isatty() else "lines"
+        progress = {True: "bar", False: "off"}.get(progress, progress) if self.writer else "off"
+        if progress not in ("bar", "lines", "off"):
+            raise ValueError(f"`progress` must be a bool, 'bar', 'lines' or None; got {progress!r}")
+        bar = tqdm(
+            total=self.total, desc=desc, unit="step", disable=progress != "bar", file=sys.stderr
+        )
+        bar.update(self.steps_per_epoch * (self.first_epoch - 1))
+        epoch = self.first_epoch - 1
+        test_acc = self.history[-1]["test_accuracy"] if self.history else float("nan")
+        try:
+            for epoch in range(self.first_epoch, config.epochs + 1):
+                bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
+                t0 = time.perf_counter()
+                means = self.train_epoch(epoch, bar, test_acc)
+                self.train_time += time.perf_counter() - t0
+                self.history.append(dict(epoch=epoch, **dict(zip(self.FIELDS, means))))
+                status = "done" if epoch == config.epochs else "running"
+                test_acc = self.write_metrics(status, epoch, at_boundary=True)["test_accuracy"]
+                if progress == "lines":
+                    h = self.history[-1]
+                    solver = f", solver steps {h['solver_steps']:.1f}" if deq else ""
+                    print(
+                        f"epoch {epoch}/{config.epochs}: loss {h['loss']:.4f}, train accuracy "
+                        f"{h['train_accuracy']:.2%}, test accuracy {test_acc:.2%}{solver} "
+                        f"({time.perf_counter() - t0:.1f} s)",
+                        flush=True,
                     )
-                model, opt_state = new_model, new_state
-                sums += values
-                m = sums / (i + 1)
-                bar.set_postfix_str(
-                    f"loss {m[0]:.3f} acc {m[1]:.3f} steps {m[2]:.1f} res {m[3]:.1e} "
-                    f"test {test_acc:.3f}",
-                    refresh=False,
-                )
-                bar.update()
-            train_time += time.perf_counter() - t0
-            history.append(dict(epoch=epoch, **dict(zip(fields, sums / steps_per_epoch))))
-            status = "done" if epoch == config.epochs else "running"
-            test_acc = write_metrics(status, epoch, at_boundary=True)["test_accuracy"]
-            if progress == "lines":
-                h = history[-1]
-                deq = model_config.model == "deq"
-                solver = f", solver steps {h['solver_steps']:.1f}" if deq else ""
-                print(
-                    f"epoch {epoch}/{config.epochs}: loss {h['loss']:.4f}, train accuracy "
-                    f"{h['train_accuracy']:.2%}, test accuracy {test_acc:.2%}{solver} "
-                    f"({time.perf_counter() - t0:.1f} s)",
-                    flush=True,
-                )
-    except KeyboardInterrupt:
-        bar.close()
-        # Epochs whose training finished (an interrupt can land after the last one's steps,
-        # while its checkpoint is being written): the model saved has done that many.
-        write_metrics("interrupted", len(history), at_boundary=False)
-        raise Interrupted(
-            f"interrupted in epoch {epoch}; the model as it stood is saved: {ckpt} "
-            "(eqattn train --resume continues from the last full epoch)"
-        ) from None
-    finally:
-        bar.close()
-    return metrics
+        except KeyboardInterrupt:
+            bar.close()
+            # Epochs whose training finished (an interrupt can land after the last one's
+            # steps, while its checkpoint is being written): the model saved has done that many.
+            self.write_metrics("interrupted", len(self.history), at_boundary=False)
+            raise Interrupted(
+                f"interrupted in epoch {epoch}; the model as it stood is saved: {self.ckpt} "
+                f"(eqattn train --resume --out {shlex.quote(str(self.out))} continues from the "
+                "last full epoch)"
+            ) from None
+        finally:
+            bar.close()
+        return self.metrics
 
 
 class _Placement:
