@@ -1,5 +1,6 @@
-"""The README's Python examples run as written, its tables are the committed results, and the
-figures of its performance summary come from them."""
+"""The Python examples of the README and of the documentation's pages run as written, the
+Benchmarks page's tables are the committed results, and the figures of its summary come from
+them."""
 
 import json
 import re
@@ -10,18 +11,24 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+BENCHMARKS_PAGE = ROOT / "docs" / "benchmarks.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("**/*.md"))]
+BLOCKS = [
+    (f"{page.relative_to(ROOT)}[python block {i}]", block)
+    for page in PAGES
+    for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))
+]
 
 
 def test_readme_has_examples():
     assert BLOCKS
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs(index):
+@pytest.mark.parametrize("name, block", BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_readme_example_runs(name, block):
     # as a reader runs them: JAX's default float32 (the suite switches float64 on elsewhere)
     with jax.enable_x64(False):
-        exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), {})
+        exec(compile(block, name, "exec"), {})
 
 
 def test_benchmarks_page_tables_are_the_committed_results(capsys):
@@ -51,8 +58,8 @@ def _results(name):
 
 
 def _derived_figures():
-    """The README's figures that are arithmetic on the committed results rather than printed by
-    `benchmarks.report`, computed from the files, as the README rounds them."""
+    """The Benchmarks page's figures that are arithmetic on the committed results rather than printed by
+    `benchmarks.report`, computed from the files, as the page rounds them."""
     core, gpu = _results("core-cpu-cpu"), _results("core-gpu-nvidia-h100-80gb-hbm3")
     yield f"{core['bandwidth_gbps']:.1f}"  # GB/s of an elementwise pass
     for r in gpu["rows"]:  # "auto" (cuDNN) share of the bf16 matmul rate
@@ -111,8 +118,8 @@ def _numbers(text):
     return [number for number, unit in tokens if unit in ("", "x")]
 
 
-def test_readme_summary_figures_come_from_the_results(capsys):
-    """Every figure of a Performance summary bullet ("What the targets come to") is one that
+def test_benchmarks_summary_figures_come_from_the_results(capsys):
+    """Every figure of the Benchmarks page's summary bullet ("What the targets come to") is one that
     `benchmarks.report` prints from that bullet's suites' committed results, one computed from
     those files here, or a target or problem size: a stale figure fails."""
     from benchmarks.report import main as report
@@ -122,10 +129,8 @@ def test_readme_summary_figures_come_from_the_results(capsys):
     for part in capsys.readouterr().out.split("### ")[1:]:
         tables.setdefault(part.split(":")[0], set()).update(_numbers(part))
     derived = set(_derived_figures()) | _NOT_MEASURED
-    text = README.read_text()
-    summary = text[
-        text.index("What the targets come to:") : text.index("<!-- --8<-- [end:performance]")
-    ]
+    text = BENCHMARKS_PAGE.read_text()
+    summary = text[text.index("What the targets come to:") : text.index("## Results")]
     bullets = summary.split("\n- **")[1:]
     assert [b.split()[0].rstrip("*") for b in bullets] == list(_SOURCES)
     stale = {}
