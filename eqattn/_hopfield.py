@@ -65,6 +65,19 @@ def hopfield_energy(
       memory).
 
     **Returns:** `[...]`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    X = jax.random.normal(jax.random.key(0), (5, 3))  # 5 stored patterns
+    xi = jnp.array([0.3, -1.0, 0.5])
+    E = eqattn.hopfield_energy(xi, X, beta=4.0)
+    M2 = jnp.max(jnp.sum(X**2, axis=-1))
+    ref = -jax.nn.logsumexp(4.0 * X @ xi) / 4.0 + xi @ xi / 2 + jnp.log(5.0) / 4.0 + M2 / 2
+    assert E >= 0 and jnp.allclose(E, ref, atol=1e-5)
+    ```
     """
     state, patterns, mask = _check(state, patterns, mask)
     if mask is not None:
@@ -97,6 +110,19 @@ def hopfield_update(
     [`eqattn.attention`][] gives for a fully masked row).
 
     **Returns:** `[..., d]`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    X = jax.random.normal(jax.random.key(0), (5, 3))
+    xi = jnp.array([0.3, -1.0, 0.5])
+    new = eqattn.hopfield_update(xi, X, beta=4.0)
+    assert jnp.allclose(new, jax.nn.softmax(4.0 * X @ xi) @ X, atol=1e-6)
+    # a step of the concave-convex procedure: the energy does not rise
+    assert eqattn.hopfield_energy(new, X, beta=4.0) <= eqattn.hopfield_energy(xi, X, beta=4.0)
+    ```
     """
     state, patterns, mask = _check(state, patterns, mask)
     core_mask = None if mask is None else mask[..., None, :]

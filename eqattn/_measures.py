@@ -68,6 +68,18 @@ class Discrete(AbstractCarrier):
 
     - `points`: `[m, d]`, the support $k_j$.
     - `log_weights`: `[m]`, $\log w_j$ (unnormalized); `None` for unit weights.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    points = jax.random.normal(jax.random.key(0), (6, 2))
+    carrier = eqattn.Discrete(points)
+    eta = jnp.array([0.5, -1.0])
+    assert jnp.allclose(carrier.log_normalizer(eta), jax.nn.logsumexp(points @ eta), atol=1e-6)
+    assert jnp.allclose(carrier.mean(eta), jax.nn.softmax(points @ eta) @ points, atol=1e-6)
+    ```
     """
 
     points: Float[Array, "m d"]
@@ -141,6 +153,18 @@ class Gaussian(AbstractCarrier):
 
     - `mean`: `[d]`, $\mu$.
     - `cov`: `[d, d]`, $\Sigma$ (symmetric positive semi-definite).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp, eqattn
+
+    mu, cov = jnp.array([1.0, -2.0]), jnp.array([[2.0, 0.5], [0.5, 1.0]])
+    eta = jnp.array([0.3, 0.1])
+    g = eqattn.Gaussian(mu, cov)
+    assert jnp.allclose(g.mean(eta), mu + cov @ eta, atol=1e-6)  # the tilted mean
+    assert jnp.allclose(g.log_normalizer(eta), eta @ mu + eta @ cov @ eta / 2, atol=1e-6)
+    ```
     """
 
     loc: Float[Array, " d"]
@@ -200,6 +224,20 @@ class GaussianMixture(AbstractCarrier):
     - `weights`: `[C]`, positive (normalized internally).
     - `means`: `[C, d]`.
     - `covs`: `[C, d, d]`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    w = jnp.array([0.3, 0.7])
+    means = jnp.array([[0.0, 1.0], [2.0, -1.0]])
+    covs = jnp.stack([jnp.eye(2), 0.5 * jnp.eye(2)])
+    mix = eqattn.GaussianMixture(w, means, covs)
+    eta = jnp.array([0.2, -0.4])
+    parts = jnp.array([eqattn.Gaussian(m, c).log_normalizer(eta) for m, c in zip(means, covs)])
+    assert jnp.allclose(mix.log_normalizer(eta), jax.nn.logsumexp(parts, b=w), atol=1e-5)
+    ```
     """
 
     log_weights: Float[Array, " C"]

@@ -40,6 +40,17 @@ class EnergyAttention(AbstractEquilibriumLayer):
     the descent step, `Picard(rtol=1e-4, max_steps=200)`), `adjoint`, `throw`; `norm_eps`, the
     layer norm's $\\epsilon$ inside the energy (default 1: a soft layer norm, so a token with nearly
     constant features cannot turn $g$ at no cost, which would make $E$ ill-conditioned).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    layer = eqattn.nn.EnergyAttention(16, 2, key=jax.random.key(0), num_memories=8)
+    x = jax.random.normal(jax.random.key(1), (10, 16))
+    z, eq = layer.forward(x)  # a stationary point of the layer's energy
+    assert z.shape == (10, 16) and eq.converged
+    ```
     """
 
     query_weight: Float[Array, "heads hd dim"]

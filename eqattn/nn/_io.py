@@ -22,7 +22,18 @@ class TokenEmbedding(eqx.Module):
     tokens `[n, in_features]`), a learned summary token in front when `cls_token=True` (the
     models set it for `pooling="cls"`), and learned position embeddings. `embedding(x, padding_mask)` returns `(h [tokens, dim],
     padding_mask)`, the mask extended over the summary token. `key` is one PRNG key, or three
-    (an array of shape `[3]`: for the table, the positions and the summary token)."""
+    (an array of shape `[3]`: for the table, the positions and the summary token).
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    embed = eqattn.nn.TokenEmbedding(16, key=jax.random.key(0), vocab_size=50, max_len=8)
+    h, padding = embed(jax.numpy.array([3, 1, 4]))  # token + learned position embeddings
+    assert h.shape == (3, 16) and padding is None
+    ```
+    """
 
     embed: eqx.nn.Embedding | eqx.nn.Linear
     positions: Float[Array, "max_len dim"]
@@ -95,7 +106,18 @@ class TokenEmbedding(eqx.Module):
 class ReadOut(eqx.Module):
     """Final layer norm, pooling (`"mean"`: masked mean over tokens; `"cls"`: the summary token;
     `"none"`: every token) and a linear head. `readout(z, padding_mask)` returns
-    `[num_outputs]` (or `[tokens, num_outputs]` with `"none"`)."""
+    `[num_outputs]` (or `[tokens, num_outputs]` with `"none"`).
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    readout = eqattn.nn.ReadOut(16, 10, key=jax.random.key(0), pooling="mean")
+    z = jax.random.normal(jax.random.key(1), (7, 16))
+    assert readout(z).shape == (10,)
+    ```
+    """
 
     final_norm: eqx.nn.LayerNorm
     head: eqx.nn.Linear

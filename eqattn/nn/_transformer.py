@@ -20,7 +20,18 @@ from ._multihead import MultiHeadAttention, check_dims
 
 class TransformerBlock(AbstractBlock):
     """One explicit block: attention and MLP sublayers with residuals and RN; `dropout` and
-    `inference` as in [`eqattn.nn.DEQBlock`][]."""
+    `inference` as in [`eqattn.nn.DEQBlock`][].
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    block = eqattn.nn.TransformerBlock(16, 2, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (10, 16))
+    assert block(x).shape == (10, 16)
+    ```
+    """
 
     attention: MultiHeadAttention
     mlp_in: eqx.nn.Linear
@@ -75,6 +86,16 @@ class Transformer(AbstractTransformer):
     and `dropout` configure the blocks. `model(x, *, padding_mask=None, key=None,
     inference=None)` returns logits (`key` draws the dropout masks when training;
     `eqx.nn.inference_mode(model)` turns dropout off).
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    model = eqattn.nn.Transformer(10, 16, 2, 3, key=jax.random.key(0), vocab_size=100, max_len=32)
+    tokens = jax.numpy.arange(12) % 100
+    assert model(tokens).shape == (10,)  # class logits of one sequence
+    ```
     """
 
     embedding: TokenEmbedding
