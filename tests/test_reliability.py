@@ -241,7 +241,7 @@ def problems(draw):
 
 
 @settings(
-    max_examples=40,
+    max_examples=30,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
@@ -292,7 +292,7 @@ def _fuzz_case(problem, impl):
 
 
 @settings(
-    max_examples=14, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(problems(), st.sampled_from(["xla", "chunked"]))
 def test_fuzz_attention_gradients(problem, impl):
