@@ -8,7 +8,8 @@ flat solution; nothing here is meant to be differentiated). Three kinds of solve
 - [`eqattn.JaxoptSolver`][]: a jaxopt fixed-point class, run by jaxopt.
 - Optimistix fixed-point solvers and root finders, run by `optx.fixed_point` / `optx.root_find`.
 
-Adding a backend means adding a branch here (and to `tolerances`), not touching the callers.
+Each library is one [`SolverBackend`][] in `SOLVER_BACKENDS`, the one place a solver's kind is
+decided: adding a library means adding one there, not touching the callers.
 """
 
 from __future__ import annotations
@@ -161,10 +162,6 @@ def _optx_tolerances(solver) -> tuple[float, float]:
     return float(getattr(inner, "rtol", 0.0)), float(getattr(inner, "atol", 0.0))
 
 
-def is_optimistix(solver) -> bool:
-    return isinstance(solver, optx.AbstractFixedPointSolver | optx.AbstractRootFinder)
-
-
 def _static_steps(budget, default, name) -> int:
     """A Python step limit: `budget` capped by `default` (`None`: no cap; optx's default)."""
     if budget is None:
@@ -178,10 +175,105 @@ def _static_steps(budget, default, name) -> int:
         ) from None
 
 
+class SolverBackend:
+    """How eqattn runs one library's fixed-point solvers: whether it `accepts` a solver, the
+    step `budget` of a call (at most the solver's own limit), the forward `solve` of $x = g(x)$
+    on a flat vector as an [`eqattn.Equilibrium`][], and the solver's `tolerances`
+    `(rtol, atol, max_steps)`, which a backward solve matches."""
+
+    def accepts(self, solver) -> bool:
+        raise NotImplementedError
+
+    def budget(self, solver, max_steps):
+        # A Python int (or None: the solver's own limit): other libraries fix their step limit
+        # when the program is compiled.
+        return max_steps
+
+    def solve(self, solver, g, x0, budget) -> Equilibrium:
+        raise NotImplementedError
+
+    def tolerances(self, solver, budget) -> tuple[Any, Any, int]:
+        raise NotImplementedError
+
+
+class _Eqattn(SolverBackend):
+    """eqattn's own solvers: the shared loop of `_solvers.py`."""
+
+    def accepts(self, solver) -> bool:
+        return isinstance(solver, AbstractFixedPointSolver)
+
+    def budget(self, solver, max_steps):
+        # An int32 array: a call's budget may change without recompiling.
+        budget = solver.max_steps if max_steps is None else jnp.minimum(max_steps, solver.max_steps)
+        return jnp.asarray(budget, jnp.int32)
+
+    def solve(self, solver, g, x0, budget) -> Equilibrium:
+        return equilibrium(solver, iterate(solver, g, x0, budget))
+
+    def tolerances(self, solver, budget):
+        return solver.rtol, solver.atol, solver.max_steps
+
+
+class _Jaxopt(SolverBackend):
+    """jaxopt's fixed-point classes, wrapped in [`eqattn.JaxoptSolver`][]."""
+
+    def accepts(self, solver) -> bool:
+        return isinstance(solver, JaxoptSolver)
+
+    def solve(self, solver, g, x0, budget) -> Equilibrium:
+        steps = _static_steps(budget, solver.max_steps, "JaxoptSolver")
+        x, count = solver.run(lambda x, _: g(x), None, x0, maxiter=steps)
+        return _summary(g, x, count, None, RESULTS.max_steps_reached, tol=solver.tol)
+
+    def tolerances(self, solver, budget):
+        return 0.0, solver.tol, solver.max_steps
+
+
+class _Optimistix(SolverBackend):
+    """Optimistix's fixed-point solvers and root finders, run by `optx.fixed_point`."""
+
+    def accepts(self, solver) -> bool:
+        return isinstance(solver, optx.AbstractFixedPointSolver | optx.AbstractRootFinder)
+
+    def solve(self, solver, g, x0, budget) -> Equilibrium:
+        steps = _static_steps(budget, None, type(solver).__name__)
+        sol = optx.fixed_point(
+            lambda y, _: g(y),
+            solver,
+            x0,
+            max_steps=steps,
+            throw=False,
+            adjoint=optx.RecursiveCheckpointAdjoint(),
+        )
+        ok = sol.result == optx.RESULTS.successful
+        reached = sol.result == optx.RESULTS.nonlinear_max_steps_reached
+        result = RESULTS.where(reached, RESULTS.max_steps_reached, RESULTS.failed)
+        return _summary(g, sol.value, sol.stats["num_steps"], ok, result)
+
+    def tolerances(self, solver, budget):
+        rtol, atol = _optx_tolerances(solver)
+        return rtol, atol, _static_steps(budget, None, type(solver).__name__)
+
+
+SOLVER_BACKENDS: tuple[SolverBackend, ...] = (_Eqattn(), _Jaxopt(), _Optimistix())
+
+
+def solver_backend(solver) -> SolverBackend:
+    """The backend that runs `solver`, or a `ValueError` naming what is accepted."""
+    for backend in SOLVER_BACKENDS:
+        if backend.accepts(solver):
+            return backend
+    raise ValueError(
+        "`solver` must be one of eqattn's fixed-point solvers (eqattn.Anderson, Picard, "
+        "Broyden), an eqattn.JaxoptSolver, or an Optimistix fixed-point solver or root "
+        f"finder; got {solver!r}."
+    )
+
+
 class ForwardSolve(eqx.Module):
     r"""The forward solve of $x = g(x)$ with `solver`, at most `budget` steps, from a flat `x0`:
-    `ForwardSolve(solver, budget)(g, x0)` returns an [`eqattn.Equilibrium`][] with the flat solution
-    as `value` (not meant to be differentiated: adjoints decide the derivative).
+    `ForwardSolve(solver, budget)(g, x0)` returns an [`eqattn.Equilibrium`][] with the flat
+    solution as `value` (not meant to be differentiated: adjoints decide the derivative).
 
     `budget` is an int32 array for eqattn's solvers (so it may change without recompiling), a
     Python int or `None` (the solver's own limit) for the others.
@@ -201,44 +293,9 @@ class ForwardSolve(eqx.Module):
     budget: Int[Array, ""] | int | None
 
     def __call__(self, g: Callable[[Array], Array], x0: Array) -> Equilibrium:
-        solver = self.solver
-        if isinstance(solver, AbstractFixedPointSolver):
-            return equilibrium(solver, iterate(solver, g, x0, self.budget))
-        if isinstance(solver, JaxoptSolver):
-            steps = _static_steps(self.budget, solver.max_steps, "JaxoptSolver")
-            x, count = solver.run(lambda x, _: g(x), None, x0, maxiter=steps)
-            return _summary(g, x, count, None, RESULTS.max_steps_reached, tol=solver.tol)
-        steps = _static_steps(self.budget, None, type(solver).__name__)
-        sol = optx.fixed_point(
-            lambda y, _: g(y),
-            solver,
-            x0,
-            max_steps=steps,
-            throw=False,
-            adjoint=optx.RecursiveCheckpointAdjoint(),
-        )
-        ok = sol.result == optx.RESULTS.successful
-        reached = sol.result == optx.RESULTS.nonlinear_max_steps_reached
-        result = RESULTS.where(reached, RESULTS.max_steps_reached, RESULTS.failed)
-        return _summary(g, sol.value, sol.stats["num_steps"], ok, result)
-
-
-def check_solver(solver) -> None:
-    if not isinstance(solver, AbstractFixedPointSolver | JaxoptSolver) and not is_optimistix(
-        solver
-    ):
-        raise ValueError(
-            "`solver` must be one of eqattn's fixed-point solvers (eqattn.Anderson, Picard, "
-            "Broyden), an eqattn.JaxoptSolver, or an Optimistix fixed-point solver or root "
-            f"finder; got {solver!r}."
-        )
+        return solver_backend(self.solver).solve(self.solver, g, x0, self.budget)
 
 
 def tolerances(solver, budget=None) -> tuple[Any, Any, int]:
     """`(rtol, atol, max_steps)` of any accepted solver, for a backward solve to match."""
-    if isinstance(solver, AbstractFixedPointSolver):
-        return solver.rtol, solver.atol, solver.max_steps
-    if isinstance(solver, JaxoptSolver):
-        return 0.0, solver.tol, solver.max_steps
-    rtol, atol = _optx_tolerances(solver)
-    return rtol, atol, _static_steps(budget, None, type(solver).__name__)
+    return solver_backend(solver).tolerances(solver, budget)

@@ -12,7 +12,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import ArrayLike, Int, PyTree
 
 from ._adjoints import AbstractAdjoint, ImplicitAdjoint, JaxoptImplicit, _with_value
-from ._backends import ForwardSolve, JaxoptSolver, check_solver
+from ._backends import ForwardSolve, JaxoptSolver, solver_backend
 from ._equilibrium import Equilibrium
 from ._solvers import AbstractFixedPointSolver, Anderson
 
@@ -111,7 +111,7 @@ def fixed_point(
     ```
     """
     solver = Anderson() if solver is None else solver
-    check_solver(solver)
+    solver_backend(solver)  # checks it
     adjoint = default_adjoint(solver) if adjoint is None else adjoint
     if not isinstance(adjoint, AbstractAdjoint):
         raise ValueError(f"`adjoint` must be an eqattn adjoint; got {adjoint!r}.")
@@ -120,11 +120,7 @@ def fixed_point(
     solver, adjoint = _settings(solver), _settings(adjoint)
     z0 = jax.tree.map(jnp.asarray, z0)
     _check_structure(fn, z0, args)
-    if isinstance(solver, AbstractFixedPointSolver):
-        budget = solver.max_steps if max_steps is None else jnp.minimum(max_steps, solver.max_steps)
-        budget = jnp.asarray(budget, jnp.int32)
-    else:
-        budget = max_steps  # a Python int: other backends fix their limit when compiled
+    budget = solver_backend(solver).budget(solver, max_steps)
 
     x0, unravel = ravel_pytree(z0)
     # A fixed point does not depend on where the search starts: no gradient flows to z0 (also

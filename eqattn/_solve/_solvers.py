@@ -422,6 +422,13 @@ def _going(it: Iteration, budget):
     return ~it.done & (it.step < budget)
 
 
+# One step (`first`, then `advance`), four drivers of it, each for a reason it states: `iterate`
+# (a while loop that stops early: the forward solve), `iterate_fixed` (a fixed-length loop:
+# short backward solves under vmap, where the while loop's selects cost more), `iterate_to_last`
+# (`iterate` plus the evaluation a gradient's linearization shares) and `iterate_unrolled` (a
+# scan, for reverse-mode autodiff through the steps: `Unrolled`).
+
+
 def iterate(solver: AbstractFixedPointSolver, fn, x0, budget) -> Iteration:
     """Run to convergence, NaN/Inf, or `budget` evaluations of `fn` (a `lax.while_loop` taking
     `solver.check_every` guarded steps per trip)."""
