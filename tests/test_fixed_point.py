@@ -610,3 +610,8 @@ def test_anderson_small_solve_matches_numpy(rng, dtype):
         # backward stable: the error is about cond(h) eps relative
         tol = np.linalg.cond(h) * np.finfo(dtype).eps * 10
         np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())
+
+
+def test_a_solver_of_no_known_library_is_refused():
+    with pytest.raises(ValueError, match="must be one of eqattn's fixed-point solvers"):
+        eqattn.fixed_point(lambda z, _: z, jnp.zeros(2), solver="anderson")

@@ -476,3 +476,19 @@ def test_static_patterns_match_hopfield_layers(option):
     if option.startswith("static"):
         with pytest.raises(ValueError, match=f"`{option}=True` uses the raw patterns"):
             eqattn.nn.Hopfield(5, 5, 2, key=jax.random.key(0), hidden_dim=6, **flags)
+
+
+def test_hopfield_options_and_their_keywords_build_the_same_layer():
+    """hopfield-layers' options through `HopfieldOptions` or as keywords (the compatibility
+    path): the same layer; an unknown keyword or a bad option is refused."""
+    options = eqattn.nn.HopfieldOptions(value_dim=4, use_bias=True, add_zero_association=True)
+    a = eqattn.nn.Hopfield(8, 6, 2, key=jax.random.key(0), options=options)
+    b = eqattn.nn.Hopfield(8, 6, 2, key=jax.random.key(0), value_dim=4, use_bias=True,
+                     add_zero_association=True)  # fmt: skip
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert np.array_equal(x, y)
+    assert a.attention.value_proj.out_features == 4 and a.zero_association
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['update_step'\\]"):
+        eqattn.nn.Hopfield(8, key=jax.random.key(0), update_step=3)
+    with pytest.raises(ValueError, match="`update_steps` must be None or an int >= 0"):
+        eqattn.nn.HopfieldOptions(update_steps=-1)

@@ -5,6 +5,7 @@ from ._energy import EnergyAttention as EnergyAttention
 from ._hopfield import (
     Hopfield as Hopfield,
     HopfieldLayer as HopfieldLayer,
+    HopfieldOptions as HopfieldOptions,
     HopfieldPooling as HopfieldPooling,
 )
 from ._implicit import ImplicitAttention as ImplicitAttention

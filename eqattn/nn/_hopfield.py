@@ -42,36 +42,26 @@ from ._layer import AbstractEquilibriumLayer, AbstractSolved
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens, per_token
 
 
-class Hopfield(AbstractEquilibriumLayer):
-    """State patterns associate with stored patterns through query/key/value projections, solved
-    to equilibrium.
+@dataclasses.dataclass(frozen=True)
+class HopfieldOptions:
+    r"""The options of [`eqattn.nn.Hopfield`][] that give parity with the PyTorch
+    hopfield-layers package (H. Ramsauer et al.); the defaults are the core layer.
 
-    **Arguments:**
-
-    - `state_dim`, `stored_dim`: widths of the state (query) and stored (key) patterns.
-    - `num_heads`, `key`.
-    - `hidden_dim`: width of the association space (default `state_dim`), split over heads.
-    - `value_dim`, `out_dim`: widths of the projected values and of the output.
-    - `beta`: initial inverse temperature of every head (learned per head; default
-      $1/\\sqrt{d_h}$).
+    - `value_dim`: width of the projected values (default `hidden_dim`).
     - `normalize_state`, `normalize_stored`: layer norm (with affine) on the raw patterns;
       `normalize_projected`: renormalize the projected patterns per head.
     - `output_projection`: apply $W_o$ (else the heads' outputs are concatenated).
     - `use_bias`: biases on the four projections (hopfield-layers' `input_bias`).
     - `association_activation`: a function applied to the output (hopfield-layers' option of
       this name, e.g. `jax.nn.relu`); after the solve, so the energy view is unchanged.
-    - `injection`: $\\alpha > 0$ above.
-    - `update_steps`: `None` (default) solves to the equilibrium; an int $k \\ge 0$ instead
-      applies $k$ plain updates $\\xi \\leftarrow K^\\top\\mathrm{softmax}(\\beta K\\xi)$ from
-      $\\xi_0$ (no injection) and differentiates through them, as hopfield-layers'
+    - `update_steps`: `None` (default) solves to the equilibrium; an int $k \ge 0$ instead
+      applies $k$ plain updates $\xi \leftarrow K^\top\mathrm{softmax}(\beta K\xi)$ from
+      $\xi_0$ (no injection) and differentiates through them, as hopfield-layers'
       `update_steps_max` does; a head stops early once its association
-      $\\mathrm{softmax}(\\beta K\\xi)$ changes by at most `update_steps_eps` (Frobenius norm over
+      $\mathrm{softmax}(\beta K\xi)$ changes by at most `update_steps_eps` (Frobenius norm over
       `[n, m]`; hopfield-layers takes the maximum over its batch, here each example decides).
       The solver and adjoint are then unused and `throw` does not apply: `steps` counts the
       updates, `converged` says whether every head stopped by `update_steps_eps`.
-    - `dropout`: dropout on the output's association weights $\\mathrm{softmax}(\\beta K\\xi^*)$
-      (as hopfield-layers' `dropout`; the solve itself is not dropped); `inference` turns it
-      off, and `eqx.nn.inference_mode(model)` sets it (a call's `inference=` overrides it).
     - `add_zero_association`: append a stored pattern whose projected key and value are zero
       (a logit of 0 that every query can attend to); `concat_bias_pattern`: append a learned
       projected key and value (initialized N(0, 0.02^2)). Both take part in the solve and
@@ -85,12 +75,75 @@ class Hopfield(AbstractEquilibriumLayer):
       `connected_values`: pass the value input through the key projection first (then through
       the value projection, which then reads `hidden_dim` features, unless `static_values`;
       hopfield-layers' `pattern_projection_as_connected`).
+
+    **Example:**
+
+    ```python
+    import jax, eqattn
+
+    # hopfield-layers' default retrieval: 3 plain updates, no layer norms on the raw patterns
+    options = eqattn.nn.HopfieldOptions(update_steps=3, normalize_state=False, normalize_stored=False)
+    layer = eqattn.nn.Hopfield(16, 16, 2, key=jax.random.key(0), options=options)
+    x = jax.random.normal(jax.random.key(1), (5, 16))
+    out, eq = layer.forward(x, x)
+    assert out.shape == (5, 16) and 1 <= int(eq.steps) <= 3
+    ```
+    """
+
+    value_dim: int | None = None
+    normalize_state: bool = True
+    normalize_stored: bool = True
+    normalize_projected: bool = True
+    output_projection: bool = True
+    use_bias: bool = False
+    association_activation: Callable | None = None
+    update_steps: int | None = None
+    update_steps_eps: float = 1e-4
+    add_zero_association: bool = False
+    concat_bias_pattern: bool = False
+    static_state: bool = False
+    static_stored: bool = False
+    static_values: bool = False
+    connected_values: bool = False
+
+    def __post_init__(self):
+        steps = self.update_steps
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
+        ):
+            raise ValueError(f"`update_steps` must be None or an int >= 0; got {steps!r}.")
+        if not self.update_steps_eps >= 0:
+            raise ValueError(f"`update_steps_eps` must be >= 0; got {self.update_steps_eps}.")
+
+
+_OPTIONS = frozenset(f.name for f in dataclasses.fields(HopfieldOptions))
+
+
+class Hopfield(AbstractEquilibriumLayer):
+    """State patterns associate with stored patterns through query/key/value projections, solved
+    to equilibrium.
+
+    **Arguments:**
+
+    - `state_dim`, `stored_dim`: widths of the state (query) and stored (key) patterns.
+    - `num_heads`, `key`.
+    - `hidden_dim`: width of the association space (default `state_dim`), split over heads.
+    - `out_dim`: width of the output (default `state_dim`).
+    - `beta`: initial inverse temperature of every head (learned per head; default
+      $1/\\sqrt{d_h}$).
+    - `injection`: $\\alpha > 0$ above.
+    - `dropout`: dropout on the output's association weights $\\mathrm{softmax}(\\beta K\\xi^*)$
+      (as hopfield-layers' `dropout`; the solve itself is not dropped); `inference` turns it
+      off, and `eqx.nn.inference_mode(model)` sets it (a call's `inference=` overrides it).
     - `implementation`: the attention kernel (see [`eqattn.select_implementation`][]).
     - `solver`, `adjoint`, `throw`: as in [`eqattn.fixed_point`][]. The default solver is plain
       iteration of the update, `Picard(rtol=1e-4, max_steps=500)` (rtol raised to what the
       matmul precision can resolve): the concave-convex update never increases the energy, so it
       stays in the basin it starts in and reaches the fixed point that repeated updates reach,
       where an accelerated solver (Anderson's extrapolation) can jump to another one.
+    - `options`: a [`eqattn.nn.HopfieldOptions`][], hopfield-layers' options (normalizations,
+      biases, fixed update steps, static or connected patterns, extra stored patterns). For
+      compatibility, its fields may also be passed as keywords (`update_steps=3`).
 
     `layer(state [n, state_dim], stored [m, stored_dim], *, association_mask=None,
     padding_mask=None, key=None, inference=None) -> [n, out_dim]`; `association_mask`
@@ -141,44 +194,26 @@ class Hopfield(AbstractEquilibriumLayer):
         *,
         key: PRNGKeyArray,
         hidden_dim: int | None = None,
-        value_dim: int | None = None,
         out_dim: int | None = None,
         beta: float | None = None,
-        normalize_state: bool = True,
-        normalize_stored: bool = True,
-        normalize_projected: bool = True,
-        output_projection: bool = True,
-        use_bias: bool = False,
-        association_activation: Callable | None = None,
         injection: float = 0.1,
+        dropout: float = 0.0,
+        inference: bool = False,
         solver: AbstractFixedPointSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
-        update_steps: int | None = None,
-        update_steps_eps: float = 1e-4,
-        dropout: float = 0.0,
-        inference: bool = False,
-        add_zero_association: bool = False,
-        concat_bias_pattern: bool = False,
-        static_state: bool = False,
-        static_stored: bool = False,
-        static_values: bool = False,
-        connected_values: bool = False,
         implementation: Implementation = "auto",
         dtype=None,
+        options: HopfieldOptions | None = None,
+        **compat,
     ):
+        o = _options(options, compat)
         stored_dim = state_dim if stored_dim is None else stored_dim
         if injection <= 0:
             raise ValueError(f"`injection` must be > 0; got {injection}.")
-        if update_steps is not None and (
-            isinstance(update_steps, bool) or not isinstance(update_steps, int) or update_steps < 0
-        ):
-            raise ValueError(f"`update_steps` must be None or an int >= 0; got {update_steps!r}.")
-        if not update_steps_eps >= 0:
-            raise ValueError(f"`update_steps_eps` must be >= 0; got {update_steps_eps}.")
         check_dropout(dropout)
         hidden_dim = state_dim if hidden_dim is None else hidden_dim
-        value_dim = hidden_dim if value_dim is None else value_dim
+        value_dim = hidden_dim if o.value_dim is None else o.value_dim
         self.attention = MultiHeadAttention(
             num_heads,
             state_dim,
@@ -187,16 +222,16 @@ class Hopfield(AbstractEquilibriumLayer):
             out_dim,
             check_dims(hidden_dim, num_heads, "hidden_dim"),
             check_dims(value_dim, num_heads, "value_dim"),
-            *(use_bias,) * 4,
+            *(o.use_bias,) * 4,
             key=key,
-            output_projection=output_projection,
+            output_projection=o.output_projection,
             beta=beta,
             implementation=implementation,
             dtype=dtype,
         )
-        self.state_norm = eqx.nn.LayerNorm(state_dim, dtype=dtype) if normalize_state else None
-        self.stored_norm = eqx.nn.LayerNorm(stored_dim, dtype=dtype) if normalize_stored else None
-        self.normalize_projected = normalize_projected
+        self.state_norm = eqx.nn.LayerNorm(state_dim, dtype=dtype) if o.normalize_state else None
+        self.stored_norm = eqx.nn.LayerNorm(stored_dim, dtype=dtype) if o.normalize_stored else None
+        self.normalize_projected = o.normalize_projected
         self.injection = injection
         self.solver = (
             Picard(rtol=precision_rtol(1e-4, dtype), max_steps=500) if solver is None else solver
@@ -205,47 +240,58 @@ class Hopfield(AbstractEquilibriumLayer):
         self.throw = throw
         self.state_dim = state_dim
         self.stored_dim = stored_dim
-        self.update_steps = update_steps
-        self.update_steps_eps = update_steps_eps
+        self.update_steps = o.update_steps
+        self.update_steps_eps = o.update_steps_eps
         self.dropout = dropout
         self.inference = inference
-        self.zero_association = add_zero_association
-        self.static_state, self.static_stored = static_state, static_stored
-        self.static_values, self.connected_values = static_values, connected_values
-        head = self.attention.query_proj.out_features // num_heads
-        head_value = self.attention.value_proj.out_features // num_heads
+        self.zero_association = o.add_zero_association
+        self.static_state, self.static_stored = o.static_state, o.static_stored
+        self.static_values, self.connected_values = o.static_values, o.connected_values
+        self.association_activation = o.association_activation
+        self._check_static_widths()
+        if o.connected_values and not o.static_values:  # the value projection reads hidden_dim
+            a = self.attention
+            value_proj = eqx.nn.Linear(
+                a.query_proj.out_features,
+                a.value_proj.out_features,
+                use_bias=o.use_bias,
+                key=jax.random.fold_in(key, 3),
+                dtype=dtype,
+            )
+            self.attention = eqx.tree_at(lambda a: a.value_proj, self.attention, value_proj)
+        self.bias_key, self.bias_value = self._bias_patterns(o.concat_bias_pattern, key, dtype)
+
+    def _bias_patterns(self, concat: bool, key, dtype):
+        """`concat_bias_pattern`'s learned projected key and value (N(0, 0.02^2)), or Nones."""
+        if not concat:
+            return None, None
+        kk, kv = jax.random.split(jax.random.fold_in(key, 1))
+        dt = dtype or jnp.result_type(float)
+        a = self.attention
+        return (
+            0.02 * jax.random.normal(kk, (a.query_proj.out_features,), dt),
+            0.02 * jax.random.normal(kv, (a.value_proj.out_features,), dt),
+        )
+
+    def _check_static_widths(self) -> None:
+        """Raw patterns used in every head (`static_*`) must be one head wide."""
+        a = self.attention
+        heads = a.num_heads
+        head = a.query_proj.out_features // heads
+        head_value = a.value_proj.out_features // heads
         # connected values are the key projection of the value input: `hidden_dim` wide
-        value_width = head * num_heads if connected_values else stored_dim
-        value_need = head_value * (num_heads if connected_values else 1)
+        value_width = head * heads if self.connected_values else self.stored_dim
+        value_need = head_value * (heads if self.connected_values else 1)
         for flag, name, width, need, what in (
-            (static_state, "static_state", state_dim, head, "hidden_dim / num_heads"),
-            (static_stored, "static_stored", stored_dim, head, "hidden_dim / num_heads"),
-            (static_values, "static_values", value_width, value_need, "value_dim / num_heads"),
+            (self.static_state, "static_state", self.state_dim, head, "hidden_dim / num_heads"),
+            (self.static_stored, "static_stored", self.stored_dim, head, "hidden_dim / num_heads"),
+            (self.static_values, "static_values", value_width, value_need, "value_dim / num_heads"),
         ):
             if flag and width != need:
                 raise ValueError(
                     f"`{name}=True` uses the raw patterns in every head, so their width "
                     f"({width}) must equal {what} ({need})."
                 )
-        if connected_values and not static_values:  # the value projection reads hidden_dim
-            value_proj = eqx.nn.Linear(
-                head * num_heads,
-                head_value * num_heads,
-                use_bias=use_bias,
-                key=jax.random.fold_in(key, 3),
-                dtype=dtype,
-            )
-            self.attention = eqx.tree_at(lambda a: a.value_proj, self.attention, value_proj)
-        self.association_activation = association_activation
-        self.bias_key = self.bias_value = None
-        if concat_bias_pattern:
-            kk, kv = jax.random.split(jax.random.fold_in(key, 1))
-            dt = dtype or jnp.result_type(float)
-            hidden = self.attention.query_proj.out_features
-            self.bias_key = 0.02 * jax.random.normal(kk, (hidden,), dt)
-            self.bias_value = 0.02 * jax.random.normal(
-                kv, (self.attention.value_proj.out_features,), dt
-            )
 
     def _append(self, x, bias):
         """`x [heads, m, d]` with the bias pattern (`bias [heads * d]` or None) and the zero
@@ -537,3 +583,13 @@ class HopfieldLayer(AbstractSolved):
         return self.hopfield.forward(
             state, patterns, max_steps=max_steps, key=key, inference=inference, values=targets
         )
+
+
+def _options(options: HopfieldOptions | None, compat: dict) -> HopfieldOptions:
+    """`options` with the hopfield-layers options given as keywords (the compatibility path)."""
+    unknown = set(compat) - _OPTIONS
+    if unknown:
+        raise TypeError(f"Hopfield got unexpected keyword arguments {sorted(unknown)}.")
+    if options is not None and not isinstance(options, HopfieldOptions):
+        raise TypeError(f"`options` must be an eqattn.nn.HopfieldOptions; got {options!r}.")
+    return dataclasses.replace(options or HopfieldOptions(), **compat)
