@@ -268,7 +268,8 @@ class _Training:
         self.n_params = sum(x.size for x in leaves)
         optimizer = optimizer_of(config, self.total)
         self.opt_state = optimizer.init(eqx.filter(self.model, eqx.is_inexact_array))
-        self.warm = self.model_config.model == "deq" and config.warm_start
+        self.deq = self.model_config.model == "deq"
+        self.warm = self.deq and config.warm_start
         self.step = make_train_step(self.model_config, config, optimizer)
         self.writer = jax.process_index() == 0
         self.place = _placement(self.warm, self.batch)
@@ -442,10 +443,9 @@ class _Training:
             self.model, self.opt_state = model, state
             sums += values
             m = sums / (i + 1)
+            solver = f"steps {m[2]:.1f} res {m[3]:.1e} " if self.deq else ""  # DEQ only
             bar.set_postfix_str(
-                f"loss {m[0]:.3f} acc {m[1]:.3f} steps {m[2]:.1f} res {m[3]:.1e} "
-                f"test {test_acc:.3f}",
-                refresh=False,
+                f"loss {m[0]:.3f} acc {m[1]:.3f} {solver}test {test_acc:.3f}", refresh=False
             )
             bar.update()
         return sums / self.steps_per_epoch
@@ -453,7 +453,7 @@ class _Training:
     def run(self, progress) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
-        config, deq = self.config, self.model_config.model == "deq"
+        config, deq = self.config, self.deq
         desc = f"{self.model_config.model} {self.model_config.tokens}"
         if progress is None:
             progress = "bar" if sys.stderr.isatty() else "lines"
