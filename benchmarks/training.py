@@ -50,7 +50,8 @@ import numpy as np
 
 from eqattn import data
 from eqattn.cli._models import ModelConfig, build_model
-from eqattn.cli._train import TrainConfig, make_train_step, optimizer_of, train
+from eqattn.cli._step import TrainConfig, make_train_step, optimizer_of
+from eqattn.cli._train import train
 
 from ._harness import print_table, time_interleaved
 

@@ -15,7 +15,7 @@ pytest.importorskip("tqdm")
 
 from eqattn.cli import main  # noqa: E402
 from eqattn.cli._errors import UsageError  # noqa: E402
-from eqattn.cli._train import shift_images  # noqa: E402
+from eqattn.cli._step import shift_images  # noqa: E402
 
 # The command runs in JAX's default float32 for its users (the suite's default is float64).
 pytestmark = pytest.mark.float32

@@ -511,14 +511,15 @@ def test_backward_solve_failure_is_reported():
     with pytest.raises(eqx.EquinoxRuntimeError, match="backward solve"):
         jax.block_until_ready(grad(args))
     # throw=False (the default) everywhere: the best-effort gradient, no error
-    g = jax.grad(lambda a: _loss(a, forward, bad))(args)
+    g = eqx.filter_jit(jax.grad(lambda a: _loss(a, forward, bad)))(args)
     assert all(np.all(np.isfinite(x)) for x in g)
     lenient = eqattn.ImplicitAdjoint(linear_solver=eqattn.Picard(max_steps=2, **TIGHT), throw=False)
-    g = jax.grad(lambda a: _loss(a, forward, lenient, throw=True))(args)
+    g = eqx.filter_jit(jax.grad(lambda a: _loss(a, forward, lenient, throw=True)))(args)
     assert all(np.all(np.isfinite(x)) for x in g)
+    # Lineax's solvers: one check of the residual for all (`solve_adjoint`); a Krylov method and
+    # the normal equations' CG
     for krylov in (
         eqattn.GMRES(max_steps=1, restart=1, **TIGHT),
-        eqattn.BiCGStab(max_steps=1, **TIGHT),
         eqattn.NormalCG(max_steps=1, **TIGHT),
     ):
         adjoint = eqattn.ImplicitAdjoint(linear_solver=krylov)
@@ -572,7 +573,8 @@ def test_jacobian_frobenius_is_unbiased(getkey):
     est = eqattn.jacobian_frobenius(_f, z, args, key=getkey(), samples=4000)
     np.testing.assert_allclose(est, exact, rtol=0.05)
     # differentiable with respect to the parameters
-    g = jax.grad(lambda a: eqattn.jacobian_frobenius(_f, z, a, key=jax.random.key(0)))(args)
+    penalty = lambda a: eqattn.jacobian_frobenius(_f, z, a, key=jax.random.key(0))  # noqa: E731
+    g = jax.jit(jax.grad(penalty))(args)
     assert all(np.all(np.isfinite(x)) for x in g)
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import eqattn
-from eqattn._solve._solvers import iterate
+from eqattn._solve._loop import iterate
 
 from . import reference
 

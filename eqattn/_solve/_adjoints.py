@@ -55,10 +55,7 @@ from jax import lax
 from ._backends import ForwardSolve, JaxoptSolver, _static_steps, _summary, tolerances
 from ._equilibrium import RESULTS, Equilibrium
 from ._linear import AbstractKrylov
-from ._solvers import (
-    AbstractFixedPointSolver,
-    Anderson,
-    Broyden,
+from ._loop import (
     _norm,
     best_answer,
     equilibrium,
@@ -67,6 +64,7 @@ from ._solvers import (
     iterate_to_last,
     iterate_unrolled,
 )
+from ._solvers import AbstractFixedPointSolver, Anderson, Broyden
 
 
 class AbstractAdjoint(eqx.Module):

@@ -4,7 +4,7 @@ r"""The forward solve behind one interface, whoever's solver it is.
 x0)` solves $x = g(x)$ on a flat vector and returns an [`eqattn.Equilibrium`][] (its `value` the
 flat solution; nothing here is meant to be differentiated). Three kinds of solver are accepted:
 
-- eqattn's own (`Anderson`, `Picard`, `Broyden`): the shared loop of `_solvers.py`.
+- eqattn's own (`Anderson`, `Picard`, `Broyden`): the shared loop of `_loop.py`.
 - [`eqattn.JaxoptSolver`][]: a jaxopt fixed-point class, run by jaxopt.
 - Optimistix fixed-point solvers and root finders, run by `optx.fixed_point` / `optx.root_find`.
 
@@ -28,7 +28,8 @@ from jax import lax
 from jaxtyping import Array, Int
 
 from ._equilibrium import RESULTS, Equilibrium
-from ._solvers import AbstractFixedPointSolver, _norm, equilibrium, iterate
+from ._loop import _norm, equilibrium, iterate
+from ._solvers import AbstractFixedPointSolver
 
 with warnings.catch_warnings():
     # jaxopt is archived upstream and warns on import; it is used only behind this interface.
@@ -197,7 +198,7 @@ class SolverBackend:
 
 
 class _Eqattn(SolverBackend):
-    """eqattn's own solvers: the shared loop of `_solvers.py`."""
+    """eqattn's own solvers: the shared loop of `_loop.py`."""
 
     def accepts(self, solver) -> bool:
         return isinstance(solver, AbstractFixedPointSolver)

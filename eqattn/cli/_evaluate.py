@@ -15,7 +15,7 @@ from .. import data
 from ._checkpoint import load_checkpoint, read_header
 from ._errors import CommandError
 from ._models import ModelConfig, build_model
-from ._train import make_evaluator
+from ._step import make_evaluator
 
 
 def load_model(path: str | Path, max_steps: int | None = None):

@@ -220,7 +220,7 @@ def _retrieve_options(re) -> None:
 
 
 def _train_defaults():
-    from ._train import TrainConfig
+    from ._step import TrainConfig
 
     return TrainConfig()
 
@@ -254,7 +254,8 @@ def _distributed(a) -> None:
 
 
 def _cmd_train(a) -> None:
-    from ._train import TrainConfig, train
+    from ._step import TrainConfig
+    from ._train import train
 
     _distributed(a)
     if a.train_steps is None:

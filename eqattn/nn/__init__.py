@@ -2,12 +2,9 @@
 
 from ._deq import DEQBlock as DEQBlock, DEQTransformer as DEQTransformer
 from ._energy import EnergyAttention as EnergyAttention
-from ._hopfield import (
-    Hopfield as Hopfield,
-    HopfieldLayer as HopfieldLayer,
-    HopfieldOptions as HopfieldOptions,
-    HopfieldPooling as HopfieldPooling,
-)
+from ._hopfield import Hopfield as Hopfield
+from ._hopfield_options import HopfieldOptions as HopfieldOptions
+from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as HopfieldPooling
 from ._implicit import ImplicitAttention as ImplicitAttention
 from ._io import (
     AbstractTransformer as AbstractTransformer,

@@ -38,85 +38,9 @@ from .._solve._equilibrium import RESULTS, Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ._block import check_dropout
-from ._layer import AbstractEquilibriumLayer, AbstractSolved
+from ._hopfield_options import HopfieldOptions, options_of
+from ._layer import AbstractEquilibriumLayer
 from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens, per_token
-
-
-@dataclasses.dataclass(frozen=True)
-class HopfieldOptions:
-    r"""The options of [`eqattn.nn.Hopfield`][] that give parity with the PyTorch
-    hopfield-layers package (H. Ramsauer et al.); the defaults are the core layer.
-
-    - `value_dim`: width of the projected values (default `hidden_dim`).
-    - `normalize_state`, `normalize_stored`: layer norm (with affine) on the raw patterns;
-      `normalize_projected`: renormalize the projected patterns per head.
-    - `output_projection`: apply $W_o$ (else the heads' outputs are concatenated).
-    - `use_bias`: biases on the four projections (hopfield-layers' `input_bias`).
-    - `association_activation`: a function applied to the output (hopfield-layers' option of
-      this name, e.g. `jax.nn.relu`); after the solve, so the energy view is unchanged.
-    - `update_steps`: `None` (default) solves to the equilibrium; an int $k \ge 0$ instead
-      applies $k$ plain updates $\xi \leftarrow K^\top\mathrm{softmax}(\beta K\xi)$ from
-      $\xi_0$ (no injection) and differentiates through them, as hopfield-layers'
-      `update_steps_max` does; a head stops early once its association
-      $\mathrm{softmax}(\beta K\xi)$ changes by at most `update_steps_eps` (Frobenius norm over
-      `[n, m]`; hopfield-layers takes the maximum over its batch, here each example decides).
-      The solver and adjoint are then unused and `throw` does not apply: `steps` counts the
-      updates, `converged` says whether every head stopped by `update_steps_eps`.
-    - `add_zero_association`: append a stored pattern whose projected key and value are zero
-      (a logit of 0 that every query can attend to); `concat_bias_pattern`: append a learned
-      projected key and value (initialized N(0, 0.02^2)). Both take part in the solve and
-      the output like the stored patterns (bias first), as hopfield-layers' options of these
-      names intend (its `concat_bias_pattern` leaves its outputs unchanged: its core never
-      appends the patterns).
-    - `static_state`, `static_stored`, `static_values`: use the (normalized) raw state / stored
-      / value patterns in every head instead of projecting them (hopfield-layers'
-      `state_pattern_as_static`, `stored_pattern_as_static`, `pattern_projection_as_static`;
-      their width must equal the per-head width, and the projection goes unused);
-      `connected_values`: pass the value input through the key projection first (then through
-      the value projection, which then reads `hidden_dim` features, unless `static_values`;
-      hopfield-layers' `pattern_projection_as_connected`).
-
-    **Example:**
-
-    ```python
-    import jax, eqattn
-
-    # hopfield-layers' default retrieval: 3 plain updates, no layer norms on the raw patterns
-    options = eqattn.nn.HopfieldOptions(update_steps=3, normalize_state=False, normalize_stored=False)
-    layer = eqattn.nn.Hopfield(16, 16, 2, key=jax.random.key(0), options=options)
-    x = jax.random.normal(jax.random.key(1), (5, 16))
-    out, eq = layer.forward(x, x)
-    assert out.shape == (5, 16) and 1 <= int(eq.steps) <= 3
-    ```
-    """
-
-    value_dim: int | None = None
-    normalize_state: bool = True
-    normalize_stored: bool = True
-    normalize_projected: bool = True
-    output_projection: bool = True
-    use_bias: bool = False
-    association_activation: Callable | None = None
-    update_steps: int | None = None
-    update_steps_eps: float = 1e-4
-    add_zero_association: bool = False
-    concat_bias_pattern: bool = False
-    static_state: bool = False
-    static_stored: bool = False
-    static_values: bool = False
-    connected_values: bool = False
-
-    def __post_init__(self):
-        steps = self.update_steps
-        if steps is not None and (
-            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
-        ):
-            raise ValueError(f"`update_steps` must be None or an int >= 0; got {steps!r}.")
-        if not self.update_steps_eps >= 0:
-            raise ValueError(f"`update_steps_eps` must be >= 0; got {self.update_steps_eps}.")
-
-
-_OPTIONS = frozenset(f.name for f in dataclasses.fields(HopfieldOptions))
 
 
 class Hopfield(AbstractEquilibriumLayer):
@@ -207,7 +131,7 @@ class Hopfield(AbstractEquilibriumLayer):
         options: HopfieldOptions | None = None,
         **compat,
     ):
-        o = _options(options, compat)
+        o = options_of(options, compat)
         stored_dim = state_dim if stored_dim is None else stored_dim
         if injection <= 0:
             raise ValueError(f"`injection` must be > 0; got {injection}.")
@@ -374,7 +298,12 @@ class Hopfield(AbstractEquilibriumLayer):
 
     def _update_steps(self, xi, k, mask) -> Equilibrium:
         """`update_steps` plain updates per head, each head stopping once its association moves
-        by at most `update_steps_eps`; differentiated by autodiff through every update."""
+        by at most `update_steps_eps`; differentiated by autodiff through every update.
+
+        Its own loop, not the solvers' (`_solve/_loop.py`): hopfield-layers stops on the change
+        of the association matrix per head, not on the residual of the state, and runs a Python
+        loop of at most `update_steps` updates; this reproduces its outputs (tested against
+        them), which the solvers' residual test would not."""
         beta = self.attention.beta
 
         def association(xi):
@@ -471,125 +400,3 @@ class Hopfield(AbstractEquilibriumLayer):
         q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
         xi = self._solve(q0, k, mask, None).value
         return attention_weights(xi, k, beta=self.attention.beta, mask=mask)
-
-
-class HopfieldPooling(AbstractSolved):
-    """Learned state patterns pool a set of stored patterns `[m, dim]` into `num_queries`
-    vectors `[num_queries, out_dim]` (the pooling role); `trainable=False` keeps the queries
-    fixed (no gradient reaches them). Other keywords go to [`eqattn.nn.Hopfield`][].
-
-    **Example:**
-
-    ```python
-    import jax, eqattn
-
-    pool = eqattn.nn.HopfieldPooling(16, 2, key=jax.random.key(0), num_queries=3)
-    x = jax.random.normal(jax.random.key(1), (20, 16))  # a set of 20 items
-    assert pool(x).shape == (3, 16)  # three learned queries retrieve from it
-    ```
-    """
-
-    hopfield: Hopfield
-    queries: Float[Array, "q dim"]
-    trainable: bool = eqx.field(static=True)
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 1,
-        *,
-        key: PRNGKeyArray,
-        num_queries: int = 1,
-        trainable: bool = True,
-        dtype=None,
-        **kwargs,
-    ):
-        kh, kq = jax.random.split(key)
-        self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
-        self.queries = jax.random.normal(kq, (num_queries, dim), dtype or jnp.result_type(float))
-        self.trainable = trainable
-
-    def forward(
-        self, stored, *, padding_mask=None, max_steps=None, key=None, inference=None
-    ) -> tuple[Float[Array, "q out"], Equilibrium]:
-        """The pooled vectors and the `Equilibrium` of the projected queries."""
-        queries = self.queries if self.trainable else lax.stop_gradient(self.queries)
-        return self.hopfield.forward(
-            queries,
-            stored,
-            padding_mask=padding_mask,
-            max_steps=max_steps,
-            key=key,
-            inference=inference,
-        )
-
-
-class HopfieldLayer(AbstractSolved):
-    """Learned stored patterns `[num_patterns, dim]` act as a lookup table for the input state
-    patterns `[n, dim]` (the layer/memory role). `trainable=False` keeps them fixed (no gradient
-    reaches them); `separate_targets=True` projects the values from a second learned table
-    (hopfield-layers' `lookup_weights_as_separated`), fixed when `targets_trainable=False`
-    (its `lookup_targets_as_trainable`). Other keywords go to [`eqattn.nn.Hopfield`][].
-
-    **Example:**
-
-    ```python
-    import jax, eqattn
-
-    lookup = eqattn.nn.HopfieldLayer(16, 32, 2, key=jax.random.key(0))  # 32 learned patterns
-    x = jax.random.normal(jax.random.key(1), (5, 16))
-    assert lookup(x).shape == (5, 16)
-    ```
-    """
-
-    hopfield: Hopfield
-    patterns: Float[Array, "p dim"]
-    targets: Float[Array, "p dim"] | None
-    trainable: bool = eqx.field(static=True)
-    targets_trainable: bool = eqx.field(static=True)
-
-    def __init__(
-        self,
-        dim: int,
-        num_patterns: int,
-        num_heads: int = 1,
-        *,
-        key: PRNGKeyArray,
-        trainable: bool = True,
-        separate_targets: bool = False,
-        targets_trainable: bool = True,
-        dtype=None,
-        **kwargs,
-    ):
-        kh, kp = jax.random.split(key)  # as before the targets existed
-        kt = jax.random.fold_in(key, 2)
-        self.hopfield = Hopfield(dim, dim, num_heads, key=kh, dtype=dtype, **kwargs)
-        dtype = dtype or jnp.result_type(float)
-        self.patterns = jax.random.normal(kp, (num_patterns, dim), dtype)
-        self.targets = (
-            jax.random.normal(kt, (num_patterns, dim), dtype) if separate_targets else None
-        )
-        self.trainable = trainable
-        self.targets_trainable = targets_trainable
-
-    def forward(
-        self, state, *, max_steps=None, key=None, inference=None
-    ) -> tuple[Float[Array, "n out"], Equilibrium]:
-        """The looked-up output and the `Equilibrium` of the projected state patterns."""
-        patterns = self.patterns if self.trainable else lax.stop_gradient(self.patterns)
-        targets = self.targets
-        if targets is not None and not self.targets_trainable:
-            targets = lax.stop_gradient(targets)
-        return self.hopfield.forward(
-            state, patterns, max_steps=max_steps, key=key, inference=inference, values=targets
-        )
-
-
-def _options(options: HopfieldOptions | None, compat: dict) -> HopfieldOptions:
-    """`options` with the hopfield-layers options given as keywords (the compatibility path)."""
-    unknown = set(compat) - _OPTIONS
-    if unknown:
-        raise TypeError(f"Hopfield got unexpected keyword arguments {sorted(unknown)}.")
-    if options is not None and not isinstance(options, HopfieldOptions):
-        raise TypeError(f"`options` must be an eqattn.nn.HopfieldOptions; got {options!r}.")
-    return dataclasses.replace(options or HopfieldOptions(), **compat)

@@ -1,0 +1,308 @@
+r"""Ring attention: queries, keys and values all split along the sequence over a mesh axis.
+
+Each of the $P$ devices keeps its block of $n/P$ queries and passes its block of $m/P$ keys and
+values to the next device, $P$ times around the ring (`jax.lax.ppermute`), so that every query
+block meets every key block once. Each meeting gives the block's `(out, lse)` from the core's
+`forward`, merged into the query block's running pair by the online softmax's merge
+(`merge_partials`):
+
+$$\mathrm{lse} = \log\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right), \qquad
+  \mathrm{out} = e^{\mathrm{lse}_a - \mathrm{lse}}\,\mathrm{out}_a
+               + e^{\mathrm{lse}_b - \mathrm{lse}}\,\mathrm{out}_b .$$
+
+The backward pass (a custom VJP) sends the key/value blocks around the ring again, each with
+the accumulators of its gradients: a device adds its queries' shares to the block in hand
+(weights recomputed from the saved global `lse`, as in the one-device core) and passes it on;
+after $P$ moves every block is home with its full gradient. A device holds its own blocks,
+one block in flight and its outputs: $O((n + m) d / P)$ memory, forward and backward.
+
+Causal attention (query $i$ sees keys $j \le i$) splits the sequence into $2P$ chunks and gives
+device $i$ chunks $i$ and $2P - 1 - i$ (the "zig-zag" order): every device then has the same
+number of chunk pairs to compute at every ring step (two, three on its own block) and skips the
+pairs that causality masks entirely. A contiguous split would leave device 0 idle for all
+but one step and give device $P - 1$ all the work; a striped split balances the work too but
+masks half of every block, so it can skip none. Pairs on the diagonal are the one-device causal
+attention of the engine (`eqattn._attention._causal`: halved down to `chunk_size`, default 512, queries),
+so no large causal mask is ever formed. The skip is a `lax.switch` per chunk pair (measured on
+CPU devices only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools as ft
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _attention as engine
+from ._sequence import varying
+
+
+@dataclasses.dataclass(frozen=True)
+class Ring:
+    """The static description of one ring computation (per device)."""
+
+    axis: str
+    size: int  # devices on the ring
+    causal: bool
+    chunk_size: int | None
+    tiling: engine.Tiling
+    # "auto", "xla" or "chunked": the core's plan for each pair of blocks; "pallas": the fused
+    # kernel (`eqattn._attention._pallas`), whose forward and backward keep no block of logits.
+    implementation: str = "auto"
+    # A diagonal block (queries and keys at the same positions) is computed by the engine's
+    # causal blocks (`eqattn._attention._causal`): halved until its leaves have at most this many queries.
+    leaf: int = 512
+
+
+def zigzag_order(n: int, size: int) -> np.ndarray:
+    """Positions in the order the devices hold them: device i gets chunks i and 2P - 1 - i."""
+    chunks = np.arange(n).reshape(2 * size, n // (2 * size))
+    return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(size)])
+
+
+def _chunk_home(c: int, size: int) -> int:
+    """The device of chunk `c` of 2P in the zig-zag layout."""
+    return c if c < size else 2 * size - 1 - c
+
+
+def to_zigzag(ring: Ring, x):
+    """Per device: from its contiguous block (chunks 2i, 2i + 1 along axis 1) to its zig-zag
+    chunks (i, 2P - 1 - i). Each of the two halves goes to one device (two `ppermute`s, no
+    gather): chunk j, the one device j keeps in front, comes from the first halves when j is
+    even and from the second halves when it is odd; the back chunk 2P - 1 - j from the other."""
+    size, c = ring.size, x.shape[1] // 2
+    first = lax.ppermute(x[:, :c], ring.axis, [(i, _chunk_home(2 * i, size)) for i in range(size)])
+    second = lax.ppermute(
+        x[:, c:], ring.axis, [(i, _chunk_home(2 * i + 1, size)) for i in range(size)]
+    )
+    even = lax.axis_index(ring.axis) % 2 == 0
+    front, back = jnp.where(even, first, second), jnp.where(even, second, first)
+    return jnp.concatenate([front, back], axis=1)
+
+
+def from_zigzag(ring: Ring, x):
+    """Inverse of `to_zigzag`."""
+    size, c = ring.size, x.shape[1] // 2
+    even = lax.axis_index(ring.axis) % 2 == 0
+    front, back = x[:, :c], x[:, c:]
+    first, second = jnp.where(even, front, back), jnp.where(even, back, front)
+    first = lax.ppermute(first, ring.axis, [(_chunk_home(2 * i, size), i) for i in range(size)])
+    second = lax.ppermute(
+        second, ring.axis, [(_chunk_home(2 * i + 1, size), i) for i in range(size)]
+    )
+    return jnp.concatenate([first, second], axis=1)
+
+
+def _pairs(ring: Ring, me, src, nl: int, ml: int):
+    """The (query rows, key rows, key columns of the full mask, chunk indices) this device
+    computes when it holds the key block of device `src`. Without causality one pair: all
+    local queries with all keys in hand. With it, the four pairs of chunks (half blocks)."""
+    if not ring.causal:
+        return [(slice(0, nl), slice(0, ml), src * ml, None)]
+    c, last = nl // 2, 2 * ring.size - 1
+    q_chunks = [(slice(0, c), me), (slice(c, nl), last - me)]
+    k_chunks = [(slice(0, c), src, 0), (slice(c, ml), last - src, c)]
+    return [
+        (rows, keys, src * ml + offset, (qi, ki))
+        for rows, qi in q_chunks
+        for keys, ki, offset in k_chunks
+    ]
+
+
+def _pair_mask(msk, rows, col, width):
+    """The user's mask of one pair (None without one): the rows of the local queries, `width`
+    columns from `col` of the full key axis."""
+    if msk is None:
+        return None
+    sub = msk if msk.shape[1] == 1 else msk[:, rows]
+    return lax.dynamic_slice_in_dim(sub, col, width, axis=-1)
+
+
+def _blocks(ring: Ring):
+    """What computes a pair of blocks: the fused kernel or the core (its path per block)."""
+    if ring.implementation == "pallas":
+        return engine.PallasBackend()
+    return engine.XlaBackend(ring.implementation, ring.chunk_size, ring.tiling)
+
+
+def _pair_forward(ring, q, k, v, b, mask, diag: bool):
+    """`(out, lse)` of the queries against the keys; with `diag`, query i and key i are at the
+    same position and a key after the query is hidden (the engine's causal blocks)."""
+    if diag:
+        return engine.causal_forward(q, k, v, b, mask, _blocks(ring), ring.leaf)
+    return _blocks(ring).forward(q, k, v, b, mask)
+
+
+def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
+    """`(dq, dk, dv, dbeta)` shares of one pair (as `_pair_forward`); `rows_in` = the queries'
+    `(lse, delta, g_out, g_lse)`."""
+    if diag:
+        return engine.causal_backward(q, k, v, b, mask, *rows_in, dtype, _blocks(ring), ring.leaf)
+    return _blocks(ring).backward(q, k, v, b, mask, *rows_in, dtype)
+
+
+def _relation(chunks):
+    """0: the key chunk is after the query chunk (skip), 1: before it (full), 2: the same."""
+    qi, ki = chunks
+    return jnp.where(ki < qi, 1, jnp.where(ki == qi, 2, 0))
+
+
+def _block_forward(ring, me, src, q, k, v, b, msk, acc):
+    """Merge this device's queries' pairs with the key block of device `src` into `acc`."""
+    nl, ml = q.shape[1], k.shape[1]
+    out, lse = acc
+    dtype = out.dtype
+    for rows, keys, col, chunks in _pairs(ring, me, src, nl, ml):
+        qx, ky, vy = q[:, rows], k[:, keys], v[:, keys]
+        mask = _pair_mask(msk, rows, col, ky.shape[1])
+
+        def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask):
+            return _pair_forward(ring, qx, ky, vy, b, mask, diag)
+
+        if chunks is None:
+            new = pair(False)
+        else:
+            empty = (
+                varying(jnp.zeros(out[:, rows].shape, dtype), ring.axis),
+                varying(jnp.full(lse[:, rows].shape, -jnp.inf, dtype), ring.axis),
+            )
+            branches = [lambda empty=empty: empty, lambda: pair(False), lambda: pair(True)]
+            new = lax.switch(_relation(chunks), branches)
+        o, s = engine.merge_partials((out[:, rows], lse[:, rows]), new)
+        out, lse = out.at[:, rows].set(o), lse.at[:, rows].set(s)
+    return out, lse
+
+
+def _shift(ring: Ring, *xs):
+    """Every device sends `xs` to the next device on the ring."""
+    perm = [(j, (j + 1) % ring.size) for j in range(ring.size)]
+    return lax.ppermute(xs, ring.axis, perm)
+
+
+def _ring_forward(ring: Ring, q, k, v, b, msk):
+    dtype = engine.compute_dtype(q.dtype, k.dtype, v.dtype)
+    me = lax.axis_index(ring.axis)
+    b = b.astype(dtype)
+    acc = (
+        varying(jnp.zeros(q.shape[:-1] + v.shape[-1:], dtype), ring.axis),
+        varying(jnp.full(q.shape[:-1], -jnp.inf, dtype), ring.axis),
+    )
+
+    def body(t, carry):
+        acc, k, v = carry
+        sent = _shift(ring, k, v)  # on its way while this block is computed
+        acc = _block_forward(ring, me, (me - t) % ring.size, q, k, v, b, msk, acc)
+        return (acc, *sent)
+
+    acc, k, v = lax.fori_loop(0, ring.size - 1, body, (acc, k, v))
+    return _block_forward(ring, me, (me + 1) % ring.size, q, k, v, b, msk, acc)
+
+
+def _block_backward(ring, me, src, res, k, v, grads):
+    """Add this device's queries' gradient shares with the key block of device `src`."""
+    q, b, msk, lse, delta, g_out, g_lse, dtype = res
+    dq, dbeta, dk, dv = grads
+    nl, ml = q.shape[1], k.shape[1]
+    for rows, keys, col, chunks in _pairs(ring, me, src, nl, ml):
+        qx, ky, vy = q[:, rows], k[:, keys], v[:, keys]
+        mask = _pair_mask(msk, rows, col, ky.shape[1])
+        rows_in = tuple(x[:, rows] for x in (lse, delta, g_out, g_lse))
+
+        def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask, rows_in=rows_in):
+            return _pair_backward(ring, qx, ky, vy, b, mask, rows_in, dtype, diag)
+
+        if chunks is None:
+            d = pair(False)
+        else:
+            zeros = tuple(varying(jnp.zeros(x.shape, dtype), ring.axis) for x in (qx, ky, vy, b))
+            branches = [lambda zeros=zeros: zeros, lambda: pair(False), lambda: pair(True)]
+            d = lax.switch(_relation(chunks), branches)
+        dq = dq.at[:, rows].add(d[0])
+        dk, dv = dk.at[:, keys].add(d[1]), dv.at[:, keys].add(d[2])
+        dbeta = dbeta + d[3]
+    return dq, dbeta, dk, dv
+
+
+def _ring_backward(ring: Ring, residuals, cotangents):
+    q, k, v, b, msk, out, lse = residuals
+    dtype = out.dtype
+    g_out, g_lse = (g.astype(dtype) for g in cotangents)
+    delta = jnp.sum(g_out * out, axis=-1)
+    b = b.astype(dtype)
+    me = lax.axis_index(ring.axis)
+    res = (q, b, msk, lse, delta, g_out, g_lse, dtype)
+    grads = tuple(varying(jnp.zeros(x.shape, dtype), ring.axis) for x in (q, b))
+
+    def body(t, carry):
+        dq, dbeta, k, v, dk, dv = carry
+        sent = _shift(ring, k, v)  # on its way while this block is computed
+        dq, dbeta, dk, dv = _block_backward(
+            ring, me, (me - t) % ring.size, res, k, v, (dq, dbeta, dk, dv)
+        )
+        return (dq, dbeta, *sent, *_shift(ring, dk, dv))
+
+    dk0 = varying(jnp.zeros(k.shape, dtype), ring.axis)
+    dv0 = varying(jnp.zeros(v.shape, dtype), ring.axis)
+    dq, dbeta, k, v, dk, dv = lax.fori_loop(0, ring.size - 1, body, (*grads, k, v, dk0, dv0))
+    dq, dbeta, dk, dv = _block_backward(
+        ring, me, (me + 1) % ring.size, res, k, v, (dq, dbeta, dk, dv)
+    )
+    dk, dv = _shift(ring, dk, dv)  # home: each block's gradient, complete
+    return (
+        dq.astype(q.dtype),
+        dk.astype(k.dtype),
+        dv.astype(v.dtype),
+        dbeta.astype(residuals[3].dtype),
+        None,
+    )
+
+
+def make_inert_per_device(ring: Ring, q, k, v, msk, m: int):
+    """The engine's `make_masked_inert` per device, in the contiguous layout,
+    where a query may see a key only some others see (a per-query `msk` `[1 or B, n/P, m]`, or
+    causality): the non-finite queries, keys and values are zeroed, and `poison` `[B, n/P]`
+    marks the queries one of them reaches. Every device learns which keys and values are
+    non-finite by one all-reduce of `m` integers per batch element; with causality alone, by
+    prefix maxima over them, so no `n/P x m` array is formed."""
+    me = lax.axis_index(ring.axis)
+    nl, ml = q.shape[1], k.shape[1]
+    rows = me * nl + jnp.arange(nl)  # the sequence positions of this device's queries
+    bad_q, bad_k, bad_v = engine.nonfinite_rows(q, k, v)
+    flags = jnp.zeros((bad_k.shape[0], m), jnp.int32)
+    flags = flags.at[:, me * ml + jnp.arange(ml)].set(2 * bad_k + bad_v)
+    flags = lax.psum(flags, ring.axis)  # [B, m], in sequence order: 2 key, 1 value, 3 both
+    bad_keys, bad_values = flags >= 2, flags % 2 == 1
+    if msk is not None and msk.shape[1] == nl:  # per-query rows
+        seen = msk
+        if ring.causal:
+            seen = seen & (jnp.arange(m)[None, :] <= rows[:, None])
+        poison = engine.poison_codes(seen, bad_q, bad_keys, bad_values)
+    else:  # causality with key padding (its unseen keys are zero already) or no mask
+        codes = (2 * bad_keys + bad_values).astype(jnp.int8)
+        reached = lax.cummax(codes, axis=1)[:, rows]
+        sees = True if msk is None else (jnp.cumsum(msk[:, 0], axis=-1) > 0)[:, rows]
+        poison = jnp.maximum(reached, 2 * (bad_q & sees).astype(jnp.int8))
+    return (
+        engine.zero_rows(q, bad_q),
+        engine.zero_rows(k, bad_k),
+        engine.zero_rows(v, bad_v),
+        poison,
+    )
+
+
+@ft.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def ring_core(ring: Ring, q, k, v, b, msk):
+    """Per device: `(out, lse)` in the compute dtype of its queries against all keys."""
+    return _ring_forward(ring, q, k, v, b, msk)
+
+
+def _ring_core_fwd(ring, q, k, v, b, msk):
+    out, lse = _ring_forward(ring, q, k, v, b, msk)
+    return (out, lse), (q, k, v, b, msk, out, lse)
+
+
+ring_core.defvjp(_ring_core_fwd, _ring_backward)
