@@ -22,7 +22,6 @@ from ._backends import (
     backend_of as backend_of,
 )
 from ._checks import (
-    IMPLEMENTATIONS as IMPLEMENTATIONS,
     Implementation as Implementation,
     check_causal as check_causal,
     check_chunk_size as check_chunk_size,

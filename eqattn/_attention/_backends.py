@@ -59,16 +59,19 @@ class PallasBackend:
         return _pallas.attention_core(q, k, v, beta, mask)
 
 
-def backend_of(plan: Plan) -> XlaBackend | PallasBackend:
-    """The backend with the core's contract that computes `plan` (cuDNN has none)."""
-    if plan.implementation == "pallas":
+def backend_of(
+    implementation: str, chunk_size: int | None, tiling: Tiling
+) -> XlaBackend | PallasBackend:
+    """The backend with the core's contract for an `implementation` other than cuDNN's: the
+    fused kernel for `"pallas"`, else the XLA core (its path per block follows the arguments)."""
+    if implementation == "pallas":
         return PallasBackend()
-    return XlaBackend(plan.requested, plan.chunk_size, plan.tiling)
+    return XlaBackend(implementation, chunk_size, tiling)
 
 
 def _computed(plan: Plan, problem: Problem) -> tuple[jax.Array, jax.Array]:
     """`(out, lse)` of the problem by eqattn's core or its fused kernel, causal or not."""
-    backend, p = backend_of(plan), problem
+    backend, p = backend_of(plan.requested, plan.chunk_size, plan.tiling), problem
     if plan.causal:
         return _causal.attention_core(
             p.q, p.k, p.v, p.beta, p.mask, backend, plan.tiling.causal_leaf

@@ -124,9 +124,7 @@ def _pair_mask(msk, rows, col, width):
 
 def _blocks(ring: Ring):
     """What computes a pair of blocks: the fused kernel or the core (its path per block)."""
-    if ring.implementation == "pallas":
-        return engine.PallasBackend()
-    return engine.XlaBackend(ring.implementation, ring.chunk_size, ring.tiling)
+    return engine.backend_of(ring.implementation, ring.chunk_size, ring.tiling)
 
 
 def _pair_forward(ring, q, k, v, b, mask, diag: bool):
