@@ -25,14 +25,12 @@ def available() -> bool:
     return True
 
 
-def run(problem, *, rtol: float, max_steps: int, repeats: int) -> list[dict]:
+def _problem_map(problem, device):
+    """The problem's map `f(z)` in torch, its weights (requiring grad) and the cotangent."""
     import numpy as np
     import torch
     import torch.nn.functional as F
-    import torchdeq
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     dtype = getattr(torch, problem.dtype)
     weights, x, c = problem.arrays()
 
@@ -59,17 +57,29 @@ def run(problem, *, rtol: float, max_steps: int, repeats: int) -> list[dict]:
         merged = attn.transpose(1, 2).reshape(b, n, D)
         return F.layer_norm(z + merged @ wo + xt, (D,), eps=1e-5)
 
-    def timed(fn):
+    return f, ws, xt, ct
+
+
+def _timed(fn, sync, repeats):
+    """(median, all times) of `repeats` calls of `fn` after one warm-up call."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
         fn()
         sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times), times
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
 
+
+def run(problem, *, rtol: float, max_steps: int, repeats: int) -> list[dict]:
+    import torch
+    import torchdeq
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    f, ws, xt, ct = _problem_map(problem, device)
     rows = []
     for solver in ("anderson", "fixed_point_iter"):
         deq = torchdeq.get_deq(
@@ -95,8 +105,8 @@ def run(problem, *, rtol: float, max_steps: int, repeats: int) -> list[dict]:
         try:
             _, info = forward()
             grads = forward_backward()
-            t_fwd, fwd_times = timed(forward)
-            t_total, total_times = timed(forward_backward)
+            t_fwd, fwd_times = _timed(forward, sync, repeats)
+            t_total, total_times = _timed(forward_backward, sync, repeats)
         except Exception as e:  # reported, like the JAX cases that fail
             rows.append({"method": f"torchdeq {solver}", "error": f"{type(e).__name__}: {e}"})
             continue

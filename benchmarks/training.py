@@ -169,6 +169,39 @@ def _step_times(configs, repeats):
     return {name: (t["median_s"], t["median_s"] / base) for name, t in timings.items()}
 
 
+def _row(name, model_config, config, results, baseline, step) -> dict:
+    """One case's row: its accuracies over seeds, its step time, and its training time over the
+    baseline's, paired by seed (the median of the per-seed ratios)."""
+    runs = list(results.values())
+    accs = [m["test_accuracy"] for m in runs]
+    step_s, ratio = step
+    return {
+        "case": name,
+        "model_config": {
+            k: v
+            for k, v in dataclasses.asdict(model_config).items()
+            if k not in ("num_tokens", "in_features")
+        },
+        "train_config": dataclasses.asdict(config),
+        "step_ms": 1e3 * step_s,
+        "step_ratio_to_explicit": ratio,
+        "accuracy_mean": statistics.mean(accs),
+        "accuracy_min": min(accs),
+        "accuracy_max": max(accs),
+        "accuracies": accs,
+        "seeds": sorted(results),
+        "train_s": statistics.median(m["train_time_s"] for m in runs),
+        "train_ratio_to_explicit": statistics.median(
+            m["train_time_s"] / baseline[seed]["train_time_s"] for seed, m in results.items()
+        ),
+        "train_solver_steps": float(np.mean([m["history"][-1]["solver_steps"] for m in runs])),
+        "test_solver_steps": float(np.mean([m["test_mean_solver_steps"] for m in runs])),
+        "test_converged": float(np.mean([m["test_converged"] for m in runs])),
+        "step_temp_mb": runs[0]["step_temp_memory_mb"],
+        "params": runs[0]["params"],
+    }
+
+
 def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
     configs = _configs(quick, short)
     seeds = {
@@ -196,43 +229,11 @@ def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
                 jax.clear_caches()
         baseline = results[configs[0][0]]
         for name, model_config, config in configs:
-            runs = list(results[name].values())
-            accs = [m["test_accuracy"] for m in runs]
-            step_s, ratio = steps[name]
-            rows.append(
-                {
-                    "case": name,
-                    "model_config": {
-                        k: v
-                        for k, v in dataclasses.asdict(model_config).items()
-                        if k not in ("num_tokens", "in_features")
-                    },
-                    "train_config": dataclasses.asdict(config),
-                    "step_ms": 1e3 * step_s,
-                    "step_ratio_to_explicit": ratio,
-                    "accuracy_mean": statistics.mean(accs),
-                    "accuracy_min": min(accs),
-                    "accuracy_max": max(accs),
-                    "accuracies": accs,
-                    "seeds": list(seeds[name]),
-                    "train_s": statistics.median(m["train_time_s"] for m in runs),
-                    # paired by seed: this case's time over the baseline's, median over seeds
-                    "train_ratio_to_explicit": statistics.median(
-                        m["train_time_s"] / baseline[seed]["train_time_s"]
-                        for seed, m in results[name].items()
-                    ),
-                    "train_solver_steps": float(
-                        np.mean([m["history"][-1]["solver_steps"] for m in runs])
-                    ),
-                    "test_solver_steps": float(
-                        np.mean([m["test_mean_solver_steps"] for m in runs])
-                    ),
-                    "test_converged": float(np.mean([m["test_converged"] for m in runs])),
-                    "step_temp_mb": runs[0]["step_temp_memory_mb"],
-                    "params": runs[0]["params"],
-                }
+            rows.append(_row(name, model_config, config, results[name], baseline, steps[name]))
+            print(
+                f"{name}: accuracy {rows[-1]['accuracies']}, step {rows[-1]['step_ms']:.2f} ms "
+                f"({rows[-1]['step_ratio_to_explicit']:.2f}x)"
             )
-            print(f"{name}: accuracy {accs}, step {1e3 * step_s:.2f} ms ({ratio:.2f}x)")
     print_table(
         rows,
         [

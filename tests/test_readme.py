@@ -31,18 +31,53 @@ def test_readme_example_runs(name, block):
         exec(compile(block, name, "exec"), {})
 
 
-def test_benchmarks_page_tables_are_the_committed_results(capsys):
-    """The documentation's Benchmarks page gets `python -m benchmarks.report`'s tables of the
-    committed results files, figure for figure, with each one's source (the docs hook fills the
-    page when the site is built; the README links to it)."""
+def _hooks():
     import importlib.util
-
-    from benchmarks.report import main as report
 
     spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
-    page = hooks.on_page_markdown((ROOT / "docs" / "benchmarks.md").read_text(), page=None)
+    return hooks
+
+
+def test_docs_render_maths_offline():
+    """The site loads no script, style or font from the network, and its maths is MathML made
+    when it is built: arithmatex's markup and a notebook's `$...$` become MathML's own elements,
+    code is left alone, and a formula the converter cannot show fails the build."""
+    pytest.importorskip("latex2mathml")
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert "extra_javascript" not in config and "extra_css" not in config
+    assert "font: false" in config
+    hooks = _hooks()
+    page = (
+        '<p>A <span class="arithmatex">\\(\\tfrac{1}{2} x^\\top x &lt; b\\)</span> and</p>'
+        '<div class="arithmatex">\\[\\sum_j p_j = 1\\]</div>'
+    )
+    out = hooks.render_maths(page, "page.md")
+    assert "arithmatex" not in out and "\\" not in out
+    assert '<math xmlns="http://www.w3.org/1998/Math/MathML" display="block">' in out
+    assert "<mfrac>" in out and "<munder>" in out and "&#x0003C;" in out  # <, unescaped then re-set
+    cell = (
+        '<div class="jp-RenderedHTMLCommon jp-RenderedMarkdown" data-mime-type="text/markdown">'
+        "<p>With $\\rho = 1/s$, $J = \\frac1d\n\\mathbf 1$ costs <code>$x$</code></p>"
+        "<p>$$z^* = G x$$</p></div>"
+    )
+    out = hooks.render_maths(cell, "nb.ipynb", notebook=True)
+    assert out.count("<math") == 3 and "<code>$x$</code>" in out
+    assert "$" not in out.replace("<code>$x$</code>", "")
+    assert hooks.render_maths(cell, "nb.ipynb") == cell  # not a notebook page: `$` is text
+    for bad in ("x^", "\\foo x"):
+        with pytest.raises(ValueError, match="nb.ipynb"):
+            hooks.render_maths(cell.replace("1/s", bad), "nb.ipynb", notebook=True)
+
+
+def test_benchmarks_page_tables_are_the_committed_results(capsys):
+    """The documentation's Benchmarks page gets `python -m benchmarks.report`'s tables of the
+    committed results files, figure for figure, with each one's source (the docs hook fills the
+    page when the site is built; the README links to it)."""
+    from benchmarks.report import main as report
+
+    page = _hooks().on_page_markdown((ROOT / "docs" / "benchmarks.md").read_text(), page=None)
     report([])
     sections = capsys.readouterr().out.strip().split("### ")[1:]
     assert len(sections) >= 7
