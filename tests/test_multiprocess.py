@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -127,14 +126,19 @@ def test_eqattn_train_in_two_processes_matches_one(tmp_path):
     assert two["test_accuracy"] == ref["test_accuracy"]
 
 
-def test_distributed_flags_errors(tmp_path):
-    run = partial(subprocess.run, cwd=tmp_path, env=_env(1), capture_output=True, text=True)
-    base = [sys.executable, "-m", "eqattn", "train", "--out", str(tmp_path / "x")]
-    r = run([*base, "--coordinator", "127.0.0.1:1"], timeout=60)
-    assert r.returncode == 2 and "go together" in r.stderr
-    r = run(
-        [*base, "--coordinator", "x:1", "--num-processes", "2", "--process-id", "2"], timeout=60
-    )
-    assert r.returncode == 2 and "--process-id must be in 0 .. --num-processes - 1" in r.stderr
-    r = run([*base, "--cluster", "--process-id", "0"], timeout=60)
-    assert r.returncode == 2 and "--cluster" in r.stderr
+def test_distributed_flags_errors(tmp_path, capsys):
+    """Refused before anything starts (in this process: no distributed runtime is begun)."""
+    from eqattn.cli import main
+
+    base = ["train", "--out", str(tmp_path / "x")]
+    for argv, message in [
+        (["--coordinator", "127.0.0.1:1"], "go together"),
+        (
+            ["--coordinator", "x:1", "--num-processes", "2", "--process-id", "2"],
+            "--process-id must be in 0 .. --num-processes - 1",
+        ),
+        (["--cluster", "--process-id", "0"], "--cluster"),
+    ]:
+        assert main([*base, *argv]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert not (tmp_path / "x").exists()
