@@ -2,6 +2,12 @@
 
 from ._deq import DEQBlock as DEQBlock, DEQTransformer as DEQTransformer
 from ._energy import EnergyAttention as EnergyAttention
+from ._generate import (
+    GenerationCache as GenerationCache,
+    Step as Step,
+    extend as extend,
+    prefill as prefill,
+)
 from ._hopfield import Hopfield as Hopfield
 from ._hopfield_options import HopfieldOptions as HopfieldOptions
 from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as HopfieldPooling
@@ -12,5 +18,5 @@ from ._io import (
     TokenEmbedding as TokenEmbedding,
 )
 from ._layer import AbstractEquilibriumLayer as AbstractEquilibriumLayer
-from ._multihead import MultiHeadAttention as MultiHeadAttention
+from ._multihead import KeyValues as KeyValues, MultiHeadAttention as MultiHeadAttention
 from ._transformer import Transformer as Transformer, TransformerBlock as TransformerBlock

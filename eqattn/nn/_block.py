@@ -8,7 +8,7 @@ import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from ._implicit import apply_norm
-from ._multihead import MultiHeadAttention, per_token
+from ._multihead import KeyValues, MultiHeadAttention, per_token
 
 
 def check_dropout(rate: float) -> None:
@@ -47,18 +47,26 @@ class AbstractBlock(eqx.Module):
         injection: Float[Array, "n dim"] | None = None,
         mask: Bool[Array, "n n"] | None = None,
         drop: DropoutMasks | None = None,
+        prefix: KeyValues | None = None,
     ) -> Float[Array, "n dim"]:
-        """One application of the block's map (see the class docstring)."""
+        """One application of the block's map (see the class docstring); `prefix`, the
+        [`key_values`][eqattn.nn.AbstractBlock.key_values] of earlier tokens' states, is
+        attended to in front of `z`'s own tokens."""
         rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
         drop_attn, drop_mlp = (None, None) if drop is None else drop
         a_in = rn(z) if self.norm_first else z
-        a = self.attention(a_in, a_in, mask=mask)
+        a = self.attention(a_in, a_in, mask=mask, prefix=prefix)
         a = a if drop_attn is None else a * drop_attn
         u = z + a if injection is None else z + a + injection
         u = u if self.norm_first else rn(u)
         h = jax.nn.gelu(per_token(self.mlp_in, rn(u) if self.norm_first else u))
         h = h if drop_mlp is None else h * drop_mlp
         return rn(u + per_token(self.mlp_out, h))
+
+    def key_values(self, z: Float[Array, "p dim"]) -> KeyValues:
+        """The attention's keys and values of the states `z` of `p` tokens: the cache that
+        lets later tokens attend to them without recomputing them (`prefix` of `sublayers`)."""
+        return self.attention.key_values(apply_norm(self.norm, z) if self.norm_first else z)
 
     def dropout_masks(
         self, key: PRNGKeyArray | None, inference: bool | None, n: int, dtype

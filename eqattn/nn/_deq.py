@@ -35,6 +35,7 @@ from ._implicit import Norm, check_norm
 from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding, token_io
 from ._layer import AbstractEquilibriumLayer, AbstractSolved
 from ._multihead import (
+    KeyValues,
     MultiHeadAttention,
     check_dims,
     check_mask,
@@ -54,7 +55,8 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     for `eqx.nn.Dropout`); `solver`, `adjoint`, `throw` as in [`eqattn.fixed_point`][];
     `sequence`, an [`eqattn.parallel.SequenceSplit`][]: the tokens split over a mesh axis (ring
     attention, the solve on the sharded state); `implementation`, the attention kernel (see
-    [`eqattn.select_implementation`][]).
+    [`eqattn.select_implementation`][]); `causal`: token $i$ attends to tokens $\\le i$ only,
+    so its fixed point depends on them alone (a language model's block; `norm="layer"` only).
 
     **Example:**
 
@@ -98,15 +100,22 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         inference: bool = False,
         sequence: SequenceSplit | None = None,
         implementation: Implementation = "auto",
+        causal: bool = False,
         dtype=None,
     ):
         check_dims(dim, num_heads)
-        check_norm(norm)
+        check_norm(norm, causal)
         check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, ki, k1, k2 = jax.random.split(key, 4)
         self.attention = MultiHeadAttention(
-            num_heads, dim, key=ka, sequence=sequence, implementation=implementation, dtype=dtype
+            num_heads,
+            dim,
+            key=ka,
+            sequence=sequence,
+            implementation=implementation,
+            causal=causal,
+            dtype=dtype,
         )
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
@@ -128,15 +137,17 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         """The input injection $Ux$: a linear map then a layer norm (with learned affine)."""
         return jax.vmap(self.inject_norm)(per_token(self.inject, x))
 
-    def step(self, z, injection, mask=None, drop=None):
-        """One application of the block's map (see the module docstring)."""
-        return shard_tokens(self.attention.sequence, self.sublayers(z, injection, mask, drop))
+    def step(self, z, injection, mask=None, drop=None, prefix=None):
+        """One application of the block's map (see the module docstring); `prefix`, the
+        [`key_values`][eqattn.nn.AbstractBlock.key_values] of earlier tokens' fixed points."""
+        out = self.sublayers(z, injection, mask, drop, prefix)
+        return shard_tokens(self.attention.sequence, out)
 
-    def _prepare(self, x, mask, key, inference):
+    def _prepare(self, x, mask, key, inference, prefix=None):
         """The solve's arguments: the injection, the mask and the dropout masks."""
         check_tokens(x, self.dim)
         n = x.shape[0]
-        mask = check_mask(mask, n, n)
+        mask = check_mask(mask, n, n + (0 if prefix is None else prefix.keys.shape[1]))
         injection = shard_tokens(self.attention.sequence, self.injection(x))
         return injection, mask, self.dropout_masks(key, inference, n, injection.dtype)
 
@@ -149,12 +160,20 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         inference: bool | None = None,
         z0: Float[Array, "n dim"] | None = None,
         max_steps: int | None = None,
+        prefix: KeyValues | None = None,
     ) -> Equilibrium:
         """Solve for $z^*$. Dropout (when `dropout > 0`, `key` given and not `inference`) draws
-        its masks once here and keeps them for every iteration of this solve."""
-        injection, mask, drop = self._prepare(x, mask, key, inference)
+        its masks once here and keeps them for every iteration of this solve.
+
+        `prefix`, the [`key_values`][eqattn.nn.AbstractBlock.key_values] of `p` earlier
+        tokens' fixed points, solves only the rows of `x`, attending to those tokens as well
+        (then `mask` is `[n, p + n]`). In a causal block a token's fixed point depends only on
+        the tokens up to it, so solving new tokens against the cache of the earlier ones gives
+        the joint solve's fixed point (to the solver's tolerance) at the cost of their rows:
+        cached generation."""
+        injection, mask, drop = self._prepare(x, mask, key, inference, prefix)
         z0 = jnp.zeros_like(injection) if z0 is None else z0
-        return self.solve(DEQBlock.step, z0, injection, mask, drop, max_steps=max_steps)
+        return self.solve(DEQBlock.step, z0, injection, mask, drop, prefix, max_steps=max_steps)
 
     def trajectory(
         self,

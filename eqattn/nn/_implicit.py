@@ -47,9 +47,14 @@ def apply_norm(norm: str, z):
     return standardize_tokens(z)
 
 
-def check_norm(norm: str):
+def check_norm(norm: str, causal: bool = False):
     if norm not in ("layer", "tokens"):
         raise ValueError(f"`norm` must be 'layer' or 'tokens'; got {norm!r}.")
+    if causal and norm == "tokens":
+        raise ValueError(
+            "`norm='tokens'` mixes the tokens (it standardizes over them), so a causal block "
+            "would let a token see later ones: use norm='layer' with causal=True."
+        )
 
 
 class ImplicitAttention(AbstractEquilibriumLayer):

@@ -69,7 +69,11 @@ class TokenEmbedding(eqx.Module):
         self,
         x: Int[Array, " n"] | Float[Array, "n f"],
         padding_mask: Bool[Array, " n"] | None = None,
+        *,
+        offset: int | Int[Array, ""] = 0,
     ) -> tuple[Float[Array, "tokens dim"], Bool[Array, " tokens"] | None]:
+        """`offset`: the position of `x`'s first token (tokens after `offset` earlier ones, as
+        in generation with a cache); a traced offset is clipped to the table."""
         if isinstance(self.embed, eqx.nn.Embedding):
             if jnp.ndim(x) != 1 or not jnp.issubdtype(jnp.result_type(x), jnp.integer):
                 raise ValueError(
@@ -80,9 +84,12 @@ class TokenEmbedding(eqx.Module):
             raise ValueError(
                 f"`x` must have shape [n, {self.embed.in_features}]; got shape {jnp.shape(x)}."
             )
-        if x.shape[0] > self.max_len:
+        static_offset = isinstance(offset, int)
+        if x.shape[0] + (offset if static_offset else 0) > self.max_len:
             raise ValueError(
-                f"`x` has {x.shape[0]} tokens; this model takes at most {self.max_len}."
+                f"`x` has {x.shape[0]} tokens"
+                + (f" after {offset} earlier ones" if static_offset and offset else "")
+                + f"; this model takes at most {self.max_len}."
             )
         if isinstance(self.embed, eqx.nn.Embedding):
             h = jax.vmap(self.embed)(x)
@@ -100,7 +107,12 @@ class TokenEmbedding(eqx.Module):
             h = jnp.concatenate([self.cls_token[None], h])
             if padding_mask is not None:
                 padding_mask = jnp.concatenate([jnp.ones(1, bool), padding_mask])
-        return h + self.positions[: h.shape[0]], padding_mask
+        if static_offset and offset == 0:
+            return h + self.positions[: h.shape[0]], padding_mask
+        if self.cls_token is not None:
+            raise ValueError("`offset` is for models without a summary token (pooling='cls').")
+        positions = jax.lax.dynamic_slice_in_dim(self.positions, offset, h.shape[0])
+        return h + positions, padding_mask
 
 
 class ReadOut(eqx.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -80,6 +81,26 @@ def per_token(linear: eqx.nn.Linear, x: Float[Array, "*tokens in"]) -> Float[Arr
 def shard_tokens(sequence, x):
     """`x [..., tokens, dim]` sharded along its tokens as `sequence` says (None: as it is)."""
     return x if sequence is None else sequence.constrain(x)
+
+
+class KeyValues(NamedTuple):
+    """Per-head projected keys `[heads, m, qk_size]` and values `[heads, m, vo_size]` of `m`
+    tokens: a key/value cache ([`eqattn.nn.MultiHeadAttention.key_values`][]).
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    mha = eqattn.nn.MultiHeadAttention(2, 8, key=jax.random.key(0), causal=True)
+    x = jax.random.normal(jax.random.key(1), (5, 8))
+    cache = mha.key_values(x[:3])  # the first three tokens, projected once
+    assert jnp.allclose(mha(x[3:], x[3:], prefix=cache), mha(x, x)[3:], atol=1e-5)
+    ```
+    """
+
+    keys: Float[Array, "heads m dk"]
+    values: Float[Array, "heads m dv"]
 
 
 class MultiHeadAttention(eqx.Module):
@@ -220,6 +241,17 @@ class MultiHeadAttention(eqx.Module):
         k = split_heads(per_token(self.key_proj, keys), self.num_heads)
         return q, k
 
+    def key_values(
+        self, keys: Float[Array, "m dk"], values: Float[Array, "m dv"] | None = None
+    ) -> KeyValues:
+        """The per-head projected keys and values of `keys` (and `values`): what a cache of
+        earlier tokens holds (see `prefix` in `__call__`)."""
+        k = split_heads(per_token(self.key_proj, keys), self.num_heads)
+        v = split_heads(
+            per_token(self.value_proj, keys if values is None else values), self.num_heads
+        )
+        return KeyValues(k, v)
+
     def __call__(
         self,
         queries: Float[Array, "n dq"],
@@ -227,11 +259,19 @@ class MultiHeadAttention(eqx.Module):
         values: Float[Array, "m dv"] | None = None,
         *,
         mask: Bool[Array, "n m"] | None = None,
+        prefix: KeyValues | None = None,
     ) -> Float[Array, "n do"]:
-        q, k = self.project(queries, keys)
-        v = split_heads(
-            per_token(self.value_proj, keys if values is None else values), self.num_heads
-        )
+        """`prefix`, the [`key_values`][eqattn.nn.MultiHeadAttention.key_values] of `p`
+        earlier tokens (a key/value cache), is put in front of this call's keys and values:
+        the queries then attend over `p + m` keys (`mask` is then `[n, p + m]`; with `causal`,
+        query $i$ sees the whole prefix and keys $j \\le i + m - n$ of this call's)."""
+        q = split_heads(per_token(self.query_proj, queries), self.num_heads)
+        k, v = self.key_values(keys, values)
+        if prefix is not None:
+            if self.sequence is not None:
+                raise ValueError("`prefix` (a key/value cache) does not combine with `sequence`.")
+            k = jnp.concatenate([prefix.keys.astype(k.dtype), k], axis=1)
+            v = jnp.concatenate([prefix.values.astype(v.dtype), v], axis=1)
         if self.sequence is None:
             out = attention(
                 q,

@@ -52,14 +52,15 @@ class TransformerBlock(AbstractBlock):
         norm="layer",
         dropout=0.0,
         inference=False,
+        causal=False,
         dtype=None,
     ):
         check_dims(dim, num_heads)
-        check_norm(norm)
+        check_norm(norm, causal)
         check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, k1, k2 = jax.random.split(key, 3)
-        self.attention = MultiHeadAttention(num_heads, dim, key=ka, dtype=dtype)
+        self.attention = MultiHeadAttention(num_heads, dim, key=ka, causal=causal, dtype=dtype)
         self.mlp_in = eqx.nn.Linear(dim, hidden, key=k1, dtype=dtype)
         self.mlp_out = eqx.nn.Linear(hidden, dim, key=k2, dtype=dtype)
         self.norm_first = norm_first
@@ -74,16 +75,19 @@ class TransformerBlock(AbstractBlock):
         mask=None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
+        prefix=None,
     ) -> Float[Array, "n dim"]:
+        """The block on `z`; `prefix`, the `key_values` of earlier tokens' inputs to this
+        block, is attended to in front of `z` (a key/value cache for generation)."""
         drop = self.dropout_masks(key, inference, z.shape[0], z.dtype)
-        return self.sublayers(z, mask=mask, drop=drop)
+        return self.sublayers(z, mask=mask, drop=drop, prefix=prefix)
 
 
 class Transformer(AbstractTransformer):
     """Embedding -> position embedding -> `depth` explicit blocks -> pooling -> head.
 
-    Arguments as [`eqattn.nn.DEQTransformer`][], plus `depth`; `mlp_ratio`, `norm_first`, `norm`
-    and `dropout` configure the blocks. `model(x, *, padding_mask=None, key=None,
+    Arguments as [`eqattn.nn.DEQTransformer`][], plus `depth`; `mlp_ratio`, `norm_first`, `norm`,
+    `dropout` and `causal` configure the blocks. `model(x, *, padding_mask=None, key=None,
     inference=None)` returns logits (`key` draws the dropout masks when training;
     `eqx.nn.inference_mode(model)` turns dropout off).
 
@@ -119,6 +123,7 @@ class Transformer(AbstractTransformer):
         norm: Norm = "layer",
         dropout: float = 0.0,
         inference: bool = False,
+        causal: bool = False,
         dtype=None,
     ):
         if depth < 1:
@@ -145,6 +150,7 @@ class Transformer(AbstractTransformer):
                 norm=norm,
                 dropout=dropout,
                 inference=inference,
+                causal=causal,
                 dtype=dtype,
             )
             for k in keys[4:]

@@ -1,0 +1,197 @@
+"""Byte-level text: the corpus and its split, the windows of training and evaluation, causal
+language models (explicit and implicit) and generation with their caches, each checked against
+an independent computation (brute force over bytes, the full forward pass, re-solving the
+prefix)."""
+
+import warnings
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqattn
+from eqattn import text
+
+TIGHT = 1e-11
+
+
+def _folder(tmp_path: Path, sizes) -> Path:
+    rng = np.random.default_rng(0)
+    for i, size in enumerate(sizes):
+        (tmp_path / f"f{i}.txt").write_bytes(bytes(rng.integers(32, 127, size, dtype=np.uint8)))
+    return tmp_path
+
+
+def test_split_is_by_file_deterministic_and_near_the_share(tmp_path):
+    sizes = [int(s) for s in np.random.default_rng(1).integers(100, 3000, 120)]
+    sizes[7] = 30_000  # one lumpy file, over 5% of the whole
+    folder = _folder(tmp_path, sizes)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "blob.bin").write_bytes(b"\0\1\2" * 10)  # binary: skipped, counted
+    (folder / "empty.txt").write_bytes(b"")
+    corpus = text.load_corpus([folder])
+    info = corpus.info
+    total = sum(sizes)
+    assert info["files"] == 120 and info["skipped"] == {"binary": 1, "empty": 1, "unreadable": 0}
+    assert sum(info["bytes"].values()) == total
+    for split in ("validation", "test"):
+        assert 0.04 * total < info["bytes"][split] <= 0.05 * total, info["bytes"]
+    # every document is one whole file, and the lumpy one is trained on
+    files = sorted(p.read_bytes() for p in folder.glob("f*.txt"))
+    docs = sorted(bytes(d) for d in (*corpus.train, *corpus.validation, *corpus.test))
+    assert docs == files
+    assert any(len(d) == 30_000 for d in corpus.train)
+    again = text.load_corpus([folder])
+    assert again.info == info and all(np.array_equal(a, b) for a, b in zip(again.test, corpus.test))
+
+
+def test_one_file_is_cut_into_pieces_and_bad_corpora_are_refused(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"x" * 100_000)
+    corpus = text.load_corpus([tmp_path / "a.txt"])
+    assert corpus.info["bytes"] == {"train": 90_000, "validation": 5_000, "test": 5_000}
+    (tmp_path / "tiny.txt").write_bytes(b"abc")
+    with pytest.raises(ValueError, match="too small to split"):
+        text.load_corpus([tmp_path / "tiny.txt"])
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "x").write_bytes(b"\0" * 10)
+    with pytest.raises(ValueError, match="no text.*'binary': 1"):
+        text.load_corpus([tmp_path / "bin"])
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        text.load_corpus([tmp_path / "missing"])
+
+
+def test_default_corpus_is_the_standard_library_without_tests():
+    files = text.stdlib_files()
+    assert len(files) > 100
+    parts = {part for f in files for part in f.parts}
+    assert not {"test", "tests", "idlelib", "site-packages"} & parts - set(
+        Path(files[0]).parents[-1].parts
+    )
+
+
+@pytest.mark.parametrize("context, stride", [(8, 4), (8, 8), (16, 5), (4, 1)])
+def test_evaluation_scores_every_byte_once_with_history(context, stride):
+    rng = np.random.default_rng(context + stride)
+    docs = [rng.integers(0, 256, n).astype(np.uint8) for n in (1, 3, 8, 9, 40, 41)]
+    w = text.evaluation_windows(docs, context, stride)
+    assert w.inputs.shape == w.targets.shape == w.weights.shape and w.inputs.shape[1] == context
+    scored = [t for row_t, row_w in zip(w.targets, w.weights) for t, k in zip(row_t, row_w) if k]
+    assert scored == [int(b) for d in docs for b in d]  # every byte once, in order
+    # the input before each target is the previous byte (START at a document's start), and each
+    # scored byte after a document's first window has at least context - stride bytes before it
+    for x, y, k in zip(w.inputs, w.targets, w.weights):
+        assert np.array_equal(x[1:][k[1:] > 0], y[:-1][k[1:] > 0])
+        first = np.flatnonzero(k)
+        if x[0] != text.START and len(first):
+            assert first[0] >= context - stride
+
+
+def test_training_windows_stay_in_one_document():
+    docs = [np.full(n, i, np.uint8) for i, n in enumerate((5, 50, 200))]
+    w = text.training_batch(docs, np.random.default_rng(0), 64, 16)
+    for x, y, k in zip(w.inputs, w.targets, w.weights):
+        real = y[k > 0]
+        assert len(set(real)) == 1  # one document's bytes
+        assert len(real) == (5 if real[0] == 0 else 16)
+        assert np.array_equal(x[1 : len(real)], y[: len(real) - 1])
+
+
+def _models(dtype=jnp.float64):
+    kw = dict(vocab_size=11, max_len=12, pooling="none", causal=True, dtype=dtype)
+    explicit = eqattn.nn.Transformer(11, 16, 2, 2, key=jax.random.key(0), **kw)
+    solver = eqattn.Anderson(rtol=TIGHT, atol=TIGHT, max_steps=300)
+    deq = eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(1), solver=solver, **kw)
+    return explicit, deq
+
+
+def test_causal_models_see_no_later_token():
+    tokens = jnp.array([3, 1, 4, 1, 5, 9, 2, 6])
+    for model in _models():
+        forward = eqx.filter_jit(lambda x, model=model: model(x))
+        before = forward(tokens)
+        after = forward(tokens.at[5].set(0))
+        assert np.abs(after[:5] - before[:5]).max() < 1e-8, type(model).__name__
+        assert np.abs(after[5:] - before[5:]).max() > 1e-3
+    with pytest.raises(ValueError, match="norm='tokens'.*causal"):
+        eqattn.nn.DEQBlock(8, 2, key=jax.random.key(0), causal=True, norm="tokens")
+
+
+def test_cache_matches_the_full_forward_pass():
+    """Explicit: the key/value cache gives the full pass's logits to round-off. Implicit: each
+    token's row solved against the cache of the earlier fixed points gives the joint solve's
+    state to the solvers' tolerance."""
+    tokens = jnp.array([3, 1, 4, 1, 5, 9, 2, 6])
+    explicit, deq = _models()
+    prefill, extend = eqx.filter_jit(eqattn.nn.prefill), eqx.filter_jit(eqattn.nn.extend)
+    for model, tol in ((explicit, 1e-12), (deq, 1e-8)):
+        full = eqx.filter_jit(lambda x, model=model: model(x))(tokens)
+        logits, cache, _ = prefill(model, tokens[:3])
+        rows = [*logits]
+        for t in tokens[3:]:
+            step, cache, stats = extend(model, t, cache)
+            rows.append(step)
+            assert bool(stats.converged)
+        assert np.abs(jnp.stack(rows) - full).max() < tol, type(model).__name__
+    z_joint = eqx.filter_jit(lambda x: deq.forward(x)[1].value)(tokens)
+    _, cache, _ = prefill(deq, tokens[:4])
+    _, cache, _ = extend(deq, tokens[4], cache, warm_start=False)
+    assert np.abs(cache.state - z_joint[4]).max() < 1e-8
+
+
+def _language_model(kind, max_len=16):
+    kw = dict(vocab_size=text.BYTES + 1, max_len=max_len, pooling="none", causal=True)
+    kw["dtype"] = jnp.float64
+    if kind == "explicit":
+        return eqattn.nn.Transformer(text.BYTES, 16, 2, 1, key=jax.random.key(0), **kw)
+    solver = eqattn.Picard(rtol=TIGHT, atol=TIGHT, max_steps=300)  # cheaper to compile
+    return eqattn.nn.DEQTransformer(text.BYTES, 16, 2, key=jax.random.key(0), solver=solver, **kw)
+
+
+@pytest.mark.parametrize("kind", ["explicit", "deq"])
+def test_greedy_generation_matches_resolving_the_window(kind):
+    """The greedy bytes of cached generation are those of running the whole window through the
+    model again for each byte, across the window's slide at `max_len` (the window restarts from
+    its last max_len // 2 symbols)."""
+    model = _language_model(kind, max_len=10)
+    out = text.generate(model, "def f", 12, temperature=0.0)
+    window = list(text.encode("def f", 10)[0])
+    expected = []
+    # one compile: the window padded to 10 (a causal model's position i sees no later padding)
+    forward = eqx.filter_jit(lambda x, i: model(x)[i])
+    for _ in range(12):
+        padded = jnp.asarray(window + [0] * (10 - len(window)))
+        nxt = int(np.argmax(forward(padded, len(window) - 1)))
+        expected.append(nxt)
+        window.append(nxt)
+        if len(window) > 10:
+            window = window[-5:]
+    assert out.text == bytes(expected)
+    assert out.converged.all() and out.steps.shape == (12,)
+
+
+def test_generation_batches_and_edges():
+    model = _language_model("explicit")
+    single = [text.generate(model, p, 6, temperature=0.0).text for p in ("a", "hello there")]
+    batch = text.generate(model, ["a", b"hello there"], 6, temperature=0.0)
+    assert batch.text == single and batch.steps.shape == (2, 6)
+    with pytest.warns(UserWarning, match="longer than the model's context"):
+        long = text.generate(model, "x" * 40, 3, temperature=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert long.text == text.generate(model, "x" * 15, 3, temperature=0.0).text
+    sampled = text.generate(model, "a", 50, temperature=1.0, top_k=3, key=jax.random.key(1))
+    logits = model(jnp.asarray(text.encode("a", 16)[0]))[-1]
+    assert sampled.text[0] in set(np.argsort(np.asarray(logits))[-3:].tolist())
+    for bad, match in [
+        (dict(tokens=-1), "tokens"),
+        (dict(tokens=1, temperature=-1.0), "temperature"),
+        (dict(tokens=1, top_k=0), "top_k"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            text.generate(model, "a", **bad)
+    classifier = eqattn.nn.Transformer(10, 8, 2, 1, key=jax.random.key(0), vocab_size=20)
+    with pytest.raises(ValueError, match="causal language model"):
+        text.generate(classifier, "a", 1)
