@@ -10,13 +10,14 @@ import pytest
 import eqattn
 import eqattn.nn
 import eqattn.parallel
+import eqattn.text
 
-MODULES = (eqattn, eqattn.nn, eqattn.parallel)
+MODULES = (eqattn, eqattn.nn, eqattn.parallel, eqattn.text)
 
 
 def _public():
     for module in MODULES:
-        for name in dir(module):
+        for name in getattr(module, "__all__", dir(module)):
             obj = getattr(module, name)
             if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)):
                 yield f"{module.__name__}.{name}", obj

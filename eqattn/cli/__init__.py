@@ -1,4 +1,4 @@
-"""The `eqattn` command (`eqattn train | evaluate | retrieve | info`) and the functions behind it,
+"""The `eqattn` command (`eqattn train | evaluate | generate | retrieve | info`) and the functions behind it,
 for use from Python or a notebook."""
 
 from ._evaluate import evaluate as evaluate, load_model as load_model

@@ -47,6 +47,10 @@ def evaluate(checkpoint: str | Path, steps: list[int] | None = None) -> dict[str
     if any(b < 1 for b in steps):
         raise CommandError(f"--steps must be >= 1; got {steps}")
     model, config, header = load_model(checkpoint, max(max(steps), trained))
+    if config.task == "text":
+        from ._text import evaluate_text
+
+        return dict(checkpoint=str(checkpoint), **evaluate_text(model, config, header, steps))
     digits = data.load_digits()
     x = jnp.asarray(data.tokenize(digits.test_images, config.tokens))
     labels = digits.test_labels

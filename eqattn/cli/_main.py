@@ -1,8 +1,7 @@
-"""The `eqattn` command line: `train`, `evaluate`, `retrieve`, `info`."""
+"""The `eqattn` command line: `train`, `evaluate`, `generate`, `retrieve`, `info`."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -12,217 +11,8 @@ import threading
 from collections.abc import Sequence
 
 from ._errors import CommandError, Interrupted, UsageError
-from ._models import ADJOINTS, SOLVERS, ModelConfig
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(t) for t in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas; got {text!r}")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas; got {text!r}")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="eqattn", description="Equilibrium attention on the scikit-learn digits.")
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        help="show the Python traceback of an error (also: EQATTN_DEBUG=1)",
-    )
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    tr = sub.add_parser("train", help="train a DEQ transformer (or --model explicit) on digits")
-    _model_options(tr)
-    _training_options(tr)
-    _run_options(tr)
-    _evaluate_options(
-        sub.add_parser(
-            "evaluate", help="test accuracy of a checkpoint and its test-time compute knob"
-        )
-    )
-    _retrieve_options(
-        sub.add_parser("retrieve", help="Hopfield retrieval of digits from corrupted queries")
-    )
-    sub.add_parser("info", help="versions, devices and solver backends")
-    for command in sub.choices.values():  # --help shows every default
-        for action in command._actions:
-            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
-                action.help = (action.help or "") + " (default: %(default)s)"
-    return p
-
-
-def _model_options(tr) -> None:
-    """`eqattn train`'s model and solver options (`ModelConfig`)."""
-    m = ModelConfig()
-    tr.add_argument("--model", choices=("deq", "explicit"), default=m.model)
-    tr.add_argument(
-        "--tokens",
-        choices=("rows", "patches"),
-        default=m.tokens,
-        help="8 rows of 8 pixels, or 16 patches of 2x2",
-    )
-    tr.add_argument("--dim", type=int, default=m.dim, help="width of the DEQ model")
-    tr.add_argument("--heads", type=int, default=m.heads)
-    tr.add_argument(
-        "--depth",
-        type=int,
-        default=m.depth,
-        help="blocks of the explicit model (its width matches the DEQ's parameters)",
-    )
-    tr.add_argument(
-        "--dropout", type=float, default=m.dropout, help="dropout rate (one mask per solve)"
-    )
-    tr.add_argument("--solver", choices=tuple(SOLVERS), default=m.solver)
-    tr.add_argument("--adjoint", choices=ADJOINTS, default=m.adjoint)
-    tr.add_argument(
-        "--rtol", type=float, default=m.rtol, help="solver tolerance (relative residual)"
-    )
-    tr.add_argument("--max-steps", type=int, default=m.max_steps, help="solver step limit")
-    tr.add_argument(
-        "--backward-solver",
-        choices=tuple(SOLVERS),
-        default=m.backward_solver,
-        help="implicit adjoint: the solver of the backward linear system",
-    )
-    tr.add_argument(
-        "--backward-steps",
-        type=int,
-        default=m.backward_steps,
-        help="implicit adjoint: the backward solve's step limit",
-    )
-
-
-def _training_options(tr) -> None:
-    """`eqattn train`'s optimisation and DEQ training options (`TrainConfig`)."""
-    t = _train_defaults()
-    tr.add_argument("--epochs", type=int, default=t.epochs)
-    tr.add_argument("--batch-size", type=int, default=t.batch_size)
-    tr.add_argument(
-        "--lr", type=float, default=t.lr, help="peak learning rate (warm-up, cosine decay)"
-    )
-    tr.add_argument("--weight-decay", type=float, default=t.weight_decay)
-    tr.add_argument("--clip", type=float, default=t.clip, help="gradient-norm clipping (0: off)")
-    tr.add_argument(
-        "--shift",
-        type=int,
-        default=t.shift,
-        help="augmentation: random shifts of up to this many pixels",
-    )
-    tr.add_argument("--label-smoothing", type=float, default=t.label_smoothing)
-    tr.add_argument(
-        "--train-size", type=int, default=None, help="use only the first N training images"
-    )
-    tr.add_argument("--seed", type=int, default=t.seed)
-    tr.add_argument(
-        "--train-steps",
-        type=int,
-        default=None,
-        help=f"DEQ: the solver's step limit while training, at most --max-steps (which "
-        f"evaluation uses; default: {t.train_steps}, or --max-steps if lower)",
-    )
-    tr.add_argument(
-        "--warm-start",
-        action=argparse.BooleanOptionalAction,
-        default=t.warm_start,
-        help="DEQ: start each training example's solve from its previous fixed point",
-    )
-    tr.add_argument(
-        "--jacobian-weight",
-        type=float,
-        default=t.jacobian_weight,
-        help="DEQ: weight of the Jacobian penalty |df/dz|_F^2 at the fixed point (0: off)",
-    )
-    tr.add_argument(
-        "--corrections",
-        type=int,
-        default=t.corrections,
-        help="DEQ: fixed-point correction, a loss at the end of each of this many pieces of the "
-        "training solve, each with a one-step phantom gradient (0: off)",
-    )
-    tr.add_argument(
-        "--correction-decay",
-        type=float,
-        default=t.correction_decay,
-        help="DEQ: weight decay of earlier pieces' losses (--corrections)",
-    )
-
-
-def _run_options(tr) -> None:
-    """`eqattn train`'s run directory, progress and process options."""
-    tr.add_argument(
-        "--out", default="runs/digits", help="output directory (checkpoint.eqx, metrics.json)"
-    )
-    tr.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="one plain line per epoch instead of a progress bar (the default off a terminal)",
-    )
-    tr.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="if --out holds a run, move it into --out/replaced-<time>/ and start afresh",
-    )
-    tr.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out from its last full epoch (its saved settings)",
-    )
-    dist = tr.add_argument_group(
-        "several processes (data parallel over all their devices; process 0 writes --out)"
-    )
-    dist.add_argument(
-        "--coordinator",
-        default=None,
-        metavar="HOST:PORT",
-        help="address of process 0, where the processes meet (jax.distributed.initialize)",
-    )
-    dist.add_argument("--num-processes", type=int, default=None, help="with --coordinator")
-    dist.add_argument("--process-id", type=int, default=None, help="with --coordinator: 0 .. N-1")
-    dist.add_argument(
-        "--cluster",
-        action="store_true",
-        help="join the processes of this cluster job as JAX detects it (SLURM, Open MPI, "
-        "Cloud TPU): jax.distributed.initialize() with no arguments",
-    )
-
-
-def _evaluate_options(ev) -> None:
-    ev.add_argument(
-        "--checkpoint", required=True, help="checkpoint.eqx, or the directory holding it"
-    )
-    ev.add_argument(
-        "--steps", type=_ints, default=None, help="solver step budgets to try, e.g. 2,4,8,16"
-    )
-    ev.add_argument("--json", default=None, help="also write the results to this JSON file")
-
-
-def _retrieve_options(re) -> None:
-    re.add_argument("--patterns", type=int, default=200, help="images stored")
-    re.add_argument("--corruption", choices=("mask", "noise"), default="mask")
-    re.add_argument("--amount", type=float, default=0.5, help="fraction masked, or noise std")
-    re.add_argument(
-        "--betas", type=_floats, default=None, help="inverse temperatures, e.g. 1,4,16,64"
-    )
-    re.add_argument("--steps", type=int, default=1, help="Hopfield updates per query")
-    re.add_argument("--seed", type=int, default=0)
-    re.add_argument("--out", default="runs/retrieval", help="output directory (retrieval.png)")
-
-
-def _train_defaults():
-    from ._step import TrainConfig
-
-    return TrainConfig()
+from ._models import TEXT_DEFAULTS, ModelConfig
+from ._parser import _train_defaults, parser
 
 
 def _distributed(a) -> None:
@@ -253,10 +43,24 @@ def _distributed(a) -> None:
         raise CommandError(f"could not join the other processes: {first}") from None
 
 
+def _task_defaults(a) -> None:
+    """Fill the options whose default depends on `--task` and were not given."""
+    defaults = dict(dataclasses.asdict(_train_defaults()), dropout=ModelConfig().dropout)
+    defaults["out"] = "runs/digits"
+    if a.task == "text":
+        defaults.update(TEXT_DEFAULTS, out="runs/text")
+    for name in ("epochs", "batch_size", "label_smoothing", "dropout", "jacobian_weight", "out"):
+        if getattr(a, name) is None:
+            setattr(a, name, defaults[name])
+    if a.text is not None and a.task != "text":
+        raise UsageError("--text is for --task text")
+
+
 def _cmd_train(a) -> None:
     from ._step import TrainConfig
     from ._train import train
 
+    _task_defaults(a)
     _distributed(a)
     if a.train_steps is None:
         a.train_steps = min(_train_defaults().train_steps, a.max_steps)
@@ -279,25 +83,43 @@ def _cmd_train(a) -> None:
         overwrite=a.overwrite,
         resume=a.resume,
     )
+    import jax
+
+    if jax.process_index() != 0:  # process 0 reports
+        return
+    _report(a, metrics)
+
+
+def _report(a, metrics) -> None:
+    """The run's summary (from its metrics: with --resume, the run's own configuration)."""
+    model_config = ModelConfig.from_dict(metrics["model_config"])
     steps = (
         f" | solver steps {metrics['test_mean_solver_steps']:.1f} (mean), "
         f"{metrics['test_converged']:.1%} converged"
         if model_config.model == "deq"
         else ""
     )
-    import jax
-
-    if jax.process_index() != 0:  # process 0 reports
-        return
     mem = metrics["step_temp_memory_mb"]
-    print(
-        f"{model_config.model}: test accuracy {metrics['test_accuracy']:.2%} "
-        f"({metrics['test_examples']} images) | {metrics['epochs_done']} epochs in "
-        f"{metrics['train_time_s']:.0f} s (+{metrics['compile_time_s']:.0f} s compile) | "
-        f"{metrics['params']:,} params"
-        + ("" if mem is None else f" | train-step memory {mem:.1f} MB")
-        + steps
-    )
+    if model_config.task == "text":
+        corpus = metrics["corpus"]
+        print(
+            f"{model_config.model}: test {metrics['test_bits_per_byte']:.3f} bits per byte "
+            f"({metrics['test_scored_bytes']:,} bytes of {corpus['documents']['test']} "
+            f"documents) | {metrics['epochs_done']} epochs in {metrics['train_time_s']:.0f} s "
+            f"(+{metrics['compile_time_s']:.0f} s compile, "
+            f"{metrics['train_tokens_per_s']:,.0f} tokens/s) | {metrics['params']:,} params"
+            + ("" if mem is None else f" | train-step memory {mem:.1f} MB")
+            + steps
+        )
+    else:
+        print(
+            f"{model_config.model}: test accuracy {metrics['test_accuracy']:.2%} "
+            f"({metrics['test_examples']} images) | {metrics['epochs_done']} epochs in "
+            f"{metrics['train_time_s']:.0f} s (+{metrics['compile_time_s']:.0f} s compile) | "
+            f"{metrics['params']:,} params"
+            + ("" if mem is None else f" | train-step memory {mem:.1f} MB")
+            + steps
+        )
     split = metrics["time_split_s"]
     print(
         f"wall time {split['total']:.0f} s: start-up and data {split['startup_and_data']:.0f} s, "
@@ -312,6 +134,19 @@ def _cmd_evaluate(a) -> None:
     from ._evaluate import evaluate
 
     r = evaluate(a.checkpoint, list(a.steps) if a.steps else None)
+    if r.get("task") == "text":
+        _print_text_evaluation(r)
+    else:
+        _print_evaluation(r)
+    if a.json:
+        try:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=2)
+        except OSError as e:
+            raise CommandError(f"cannot write {a.json!r}: {e.strerror}") from None
+
+
+def _print_evaluation(r) -> None:
     print(
         f"test accuracy {r['test_accuracy']:.2%} ({r['test_examples']} images, {r['model']} model)"
     )
@@ -328,12 +163,68 @@ def _cmd_evaluate(a) -> None:
                 f"{row['max_steps']:>9}  {row['test_accuracy']:>8.2%}  {row['mean_steps']:>10.1f}  "
                 f"{row['converged']:>9.1%}  {row['mean_relative_residual']:>13.1e}"
             )
-    if a.json:
-        try:
-            with open(a.json, "w") as f:
-                json.dump(r, f, indent=2)
-        except OSError as e:
-            raise CommandError(f"cannot write {a.json!r}: {e.strerror}") from None
+
+
+def _print_text_evaluation(r) -> None:
+    print(
+        f"test {r['test_bits_per_byte']:.4f} bits per byte ({r['test_scored_bytes']:,} bytes, "
+        f"{r['model']} model; windows of {r['evaluation']['context']}, stride "
+        f"{r['evaluation']['stride']})"
+    )
+    if "solver_steps" in r:
+        s = r["solver_steps"]
+        print(
+            f"solver steps per window: mean {s['mean']:.1f} (limit {s['max_steps']}); "
+            f"{s['converged']:.1%} converged"
+        )
+        print("max steps  bits/byte  mean steps  converged  rel. residual")
+        for row in r["budget_sweep"]:
+            print(
+                f"{row['max_steps']:>9}  {row['bits_per_byte']:>9.4f}  "
+                f"{row['mean_solver_steps']:>10.1f}  {row['converged']:>9.1%}  "
+                f"{row['mean_relative_residual']:>13.1e}"
+            )
+
+
+def _cmd_generate(a) -> None:
+    import codecs
+    import warnings
+
+    import jax
+    import numpy as np
+
+    from .. import text
+
+    if a.tokens < 0:
+        raise UsageError(f"--tokens must be >= 0; got {a.tokens}")
+    model = text.load_model(a.checkpoint, a.max_steps)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    sys.stdout.write(a.prompt)
+
+    def show(new: bytes) -> None:
+        sys.stdout.write(decoder.decode(new))
+        sys.stdout.flush()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = text.generate(
+            model,
+            a.prompt,
+            a.tokens,
+            key=jax.random.key(a.seed),
+            temperature=a.temperature,
+            top_k=a.top_k,
+            on_token=show,
+        )
+    sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+    for w in caught:
+        print(f"note: {w.message}", file=sys.stderr)
+    if not np.all(out.converged):
+        print(
+            f"warning: {int(np.sum(~out.converged))} of {a.tokens} tokens' solves did not "
+            "converge (--max-steps raises the limit)",
+            file=sys.stderr,
+        )
 
 
 def _cmd_retrieve(a) -> None:
@@ -382,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "train": _cmd_train,
             "evaluate": _cmd_evaluate,
             "retrieve": _cmd_retrieve,
+            "generate": _cmd_generate,
             "info": _cmd_info,
         }[args.command](args)
     except UsageError as e:

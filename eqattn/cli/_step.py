@@ -52,9 +52,13 @@ class TrainConfig:
     # differentiated by a one-step phantom gradient instead of the model's adjoint (0: off)
     corrections: int = 0
     correction_decay: float = 0.8
+    # --task text: optimizer steps per epoch (an epoch ends with the validation score and a
+    # checkpoint), and the corpus (files or folders; None: the Python standard library's source)
+    epoch_steps: int = 100
+    text: tuple[str, ...] | None = None
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size"):
+        for name in ("epochs", "batch_size", "epoch_steps"):
             if getattr(self, name) < 1:
                 raise UsageError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"

@@ -17,13 +17,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from .. import data
-from ..parallel import data_mesh, replicate, shard_batch
 from ._checkpoint import FILENAME, load_train_state, read_header, save_checkpoint
 from ._errors import CommandError, Interrupted, UsageError
 from ._models import ModelConfig, build_model, predict
+from ._placement import on_host, placement, saved_points
 from ._run import RunDirectory, atomic_write, failpoint
 from ._step import TrainConfig, make_evaluator, make_train_step, optimizer_of, shift_images
 
@@ -90,7 +89,11 @@ def _train(model_config, config, out: Path, *, progress, resume) -> dict[str, An
         header = _resumable_header(out)
         model_config = ModelConfig.from_dict(header["config"])
         config = TrainConfig(**header["resume"]["train_config"])
-    return _Training(model_config, config, out, header, clock=(t_enter, before)).run(progress)
+    if model_config.task == "text":
+        from ._text import TextTraining as task
+    else:
+        task = _Training
+    return task(model_config, config, out, header, clock=(t_enter, before)).run(progress)
 
 
 def _resumable_header(out: Path) -> dict[str, Any]:
@@ -126,13 +129,13 @@ class _Training:
         self.opt_state = optimizer.init(eqx.filter(self.model, eqx.is_inexact_array))
         self.deq = self.model_config.model == "deq"
         self.warm = self.deq and config.warm_start
-        self.step = make_train_step(self.model_config, config, optimizer)
+        self.step = self._make_step(optimizer)
         self.writer = jax.process_index() == 0
-        self.place = _placement(self.warm, self.batch)
+        self.place = placement(self.warm, self.batch)
         if self.place is not None:
             self.test_x = np.asarray(self.test_x)  # the same in every process: replicated
         self.rng = np.random.default_rng(config.seed)
-        self.x0 = jnp.asarray(data.tokenize(self.train_images[: self.batch], self.tokens))
+        self.x0, self.y0 = self._example_batch()
         # Each training example's last fixed point (zeros until its first solve), when warm.
         self.fixed_points, self.z_batch = None, None
         if self.warm:
@@ -143,8 +146,42 @@ class _Training:
         if header is not None:
             self._restore(header)
         self._compile()
-        self.evaluate = make_evaluator()
+        self.evaluate = self._make_evaluator()
         self.boundary = self.snapshot(self.first_epoch - 1)
+
+    # The task's hooks (the digits here; eqattn.cli._text overrides them for text): the data,
+    # a batch to compile the step with, one epoch's batches' arguments and the test metrics.
+    HEADLINE = ("test_accuracy", "test", ".3f", ".2%")  # metric, short name, bar, line formats
+    BAR = "acc"  # the bar's name of FIELDS[1]
+
+    def _make_step(self, optimizer):
+        return make_train_step(self.model_config, self.config, optimizer)
+
+    def _make_evaluator(self):
+        return make_evaluator()
+
+    def _example_batch(self):
+        x0 = jnp.asarray(data.tokenize(self.train_images[: self.batch], self.tokens))
+        return x0, self.train_labels[: self.batch]
+
+    def _test_metrics(self, final: bool) -> dict[str, Any]:
+        """The test set's metrics (accuracy and the solves' statistics); `final`: the run ends
+        (done or interrupted)."""
+        results = self.evaluate(self.model, self.test_x, None)
+        preds, steps, residual, converged = (on_host(a) for a in results)
+        return dict(
+            test_accuracy=float(np.mean(preds == self.digits.test_labels)),  # as `evaluate` does
+            test_mean_solver_steps=float(steps.mean()),
+            test_mean_relative_residual=float(residual.mean()),
+            test_converged=float(converged.mean()),
+        )
+
+    def _header(self) -> dict[str, Any]:
+        """What the checkpoint's header records beyond the configuration."""
+        return {}
+
+    def _sizes(self) -> dict[str, Any]:
+        return dict(train_examples=self.n_train, test_examples=len(self.digits.test_labels))
 
     def _data(self, model_config, config) -> None:
         self.digits = digits = data.load_digits()
@@ -164,7 +201,7 @@ class _Training:
 
     def _restore(self, header) -> None:
         """The state saved at the last epoch boundary (`--resume`)."""
-        points = _points(self.fixed_points)
+        points = saved_points(self.fixed_points)
         like = (self.model, self.opt_state, jax.random.key_data(self.key), points)
         (self.model, self.opt_state, key_data, points), _ = load_train_state(self.ckpt, like)
         self.key = jax.random.wrap_key_data(key_data)
@@ -179,10 +216,9 @@ class _Training:
         batch, place = self.batch, self.place
         if place is not None:  # every process compiles for the global batch over all devices
             self.model, self.opt_state = place.replicate((self.model, self.opt_state))
-            labels = self.train_labels[:batch]
-            args = (*place.batch(self.x0, labels, np.arange(batch)), place.replicate(self.key))
+            args = (*place.batch(self.x0, self.y0, np.arange(batch)), place.replicate(self.key))
         else:
-            args = (self.x0, self.train_labels[:batch], self.key)
+            args = (self.x0, self.y0, self.key)
         lowered = eqx.filter_jit(self.step).lower(self.model, self.opt_state, *args, self.z_batch)
         self.compiled = lowered.compile()
         self.compile_s = time.perf_counter() - t_compile
@@ -197,7 +233,7 @@ class _Training:
                 self.model,
                 self.opt_state,
                 jax.random.key_data(self.key),
-                _points(self.fixed_points),
+                saved_points(self.fixed_points),
             ),
             resume=dict(
                 epoch=epoch,
@@ -212,22 +248,13 @@ class _Training:
         """Evaluate on the test set, then save the checkpoint and metrics.json (at an epoch's
         end, with that epoch's state for `--resume`)."""
         t_eval = time.perf_counter()
-        results = self.evaluate(self.model, self.test_x, None)
-        preds, steps, residual, converged = (_on_host(a) for a in results)
-        acc = float(np.mean(preds == self.digits.test_labels))  # as `evaluate` does
+        tested = self._test_metrics(final=status != "running")
+        headline = self.HEADLINE[0]
         self.eval_s += time.perf_counter() - t_eval
         if at_boundary:
-            self.history[-1].update(test_accuracy=acc, time_s=self.train_time)
+            self.history[-1].update({headline: tested[headline], "time_s": self.train_time})
             self.boundary = self.snapshot(epoch)
-        self.metrics.update(
-            status=status,
-            epochs_done=epoch,
-            test_accuracy=acc,
-            test_mean_solver_steps=float(steps.mean()),
-            test_mean_relative_residual=float(residual.mean()),
-            test_converged=float(converged.mean()),
-            **self._record(),
-        )
+        self.metrics.update(status=status, epochs_done=epoch, **tested, **self._record())
         if not self.writer:  # process 0 writes
             return self.metrics
         save_checkpoint(
@@ -237,7 +264,8 @@ class _Training:
             train_state=self.boundary["arrays"],
             resume=self.boundary["resume"],
             epoch=epoch,
-            test_accuracy=acc,
+            **{headline: tested[headline]},
+            **self._header(),
             dtype=jnp.dtype(self.model.readout.head.weight.dtype).name,
         )
         text = json.dumps(self.metrics, indent=2) + "\n"
@@ -250,8 +278,7 @@ class _Training:
         total_s = before + time.perf_counter() - t_enter
         return dict(
             params=int(self.n_params),
-            train_examples=self.n_train,
-            test_examples=len(self.digits.test_labels),
+            **self._sizes(),
             train_time_s=self.train_time,
             compile_time_s=self.compile_s,
             time_split_s=dict(
@@ -271,23 +298,29 @@ class _Training:
             history=self.history,
         )
 
-    def train_epoch(self, epoch: int, bar, test_acc: float) -> np.ndarray:
-        """One epoch's optimizer steps; returns the means of `FIELDS` over them."""
+    def _batches(self, epoch: int):
+        """Per optimizer step: the step's data arguments (inputs, targets) and the indices of
+        its examples (for the warm start)."""
         perm = self.rng.permutation(self.n_train)
         shifted = shift_images(self.train_images, self.config.shift, self.rng)
         x_all = data.tokenize(shifted, self.tokens)
-        sums, batch = np.zeros(len(self.FIELDS)), self.batch
         for i in range(self.steps_per_epoch):
+            idx = perm[i * self.batch : (i + 1) * self.batch]
+            if self.place is None:
+                yield (x_all[idx], self.train_labels[idx]), idx
+            else:
+                yield tuple(self.place.batch(x_all, self.train_labels, idx)), idx
+
+    def train_epoch(self, epoch: int, bar, test_acc: float) -> np.ndarray:
+        """One epoch's optimizer steps; returns the means of `FIELDS` over them."""
+        sums = np.zeros(len(self.FIELDS))
+        _, short, bar_format, _ = self.HEADLINE
+        for i, (batch, idx) in enumerate(self._batches(epoch)):
             failpoint(f"step:{epoch}:{i + 1}")
-            idx = perm[i * batch : (i + 1) * batch]
             self.key, sub = jax.random.split(self.key)
             z0 = self.fixed_points[idx] if self.warm else None
-            if self.place is None:
-                args = (x_all[idx], self.train_labels[idx], sub)
-            else:
-                place = self.place
-                args = (*place.batch(x_all, self.train_labels, idx), place.replicate(sub))
-            model, state, loss, aux, z = self.compiled(self.model, self.opt_state, *args, z0)
+            sub = sub if self.place is None else self.place.replicate(sub)
+            model, state, loss, aux, z = self.compiled(self.model, self.opt_state, *batch, sub, z0)
             if self.warm:
                 self.fixed_points[idx] = np.asarray(z)
             values = np.array([float(loss), *(float(a) for a in aux)])
@@ -301,7 +334,9 @@ class _Training:
             m = sums / (i + 1)
             solver = f"steps {m[2]:.1f} res {m[3]:.1e} " if self.deq else ""  # DEQ only
             bar.set_postfix_str(
-                f"loss {m[0]:.3f} acc {m[1]:.3f} {solver}test {test_acc:.3f}", refresh=False
+                f"loss {m[0]:.3f} {self.BAR} {m[1]:{bar_format}} {solver}{short} "
+                f"{test_acc:{bar_format}}",
+                refresh=False,
             )
             bar.update()
         return sums / self.steps_per_epoch
@@ -321,7 +356,8 @@ class _Training:
         )
         bar.update(self.steps_per_epoch * (self.first_epoch - 1))
         epoch = self.first_epoch - 1
-        test_acc = self.history[-1]["test_accuracy"] if self.history else float("nan")
+        metric, short, bar_format, line_format = self.HEADLINE
+        test_acc = self.history[-1][metric] if self.history else float("nan")
         try:
             for epoch in range(self.first_epoch, config.epochs + 1):
                 bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
@@ -330,13 +366,15 @@ class _Training:
                 self.train_time += time.perf_counter() - t0
                 self.history.append(dict(epoch=epoch, **dict(zip(self.FIELDS, means))))
                 status = "done" if epoch == config.epochs else "running"
-                test_acc = self.write_metrics(status, epoch, at_boundary=True)["test_accuracy"]
+                test_acc = self.write_metrics(status, epoch, at_boundary=True)[metric]
                 if progress == "lines":
                     h = self.history[-1]
                     solver = f", solver steps {h['solver_steps']:.1f}" if deq else ""
+                    second = self.FIELDS[1]
                     print(
-                        f"epoch {epoch}/{config.epochs}: loss {h['loss']:.4f}, train accuracy "
-                        f"{h['train_accuracy']:.2%}, test accuracy {test_acc:.2%}{solver} "
+                        f"epoch {epoch}/{config.epochs}: loss {h['loss']:.4f}, "
+                        f"{second.replace('_', ' ')} {h[second]:{line_format}}, "
+                        f"{metric.replace('_', ' ')} {test_acc:{line_format}}{solver} "
                         f"({time.perf_counter() - t0:.1f} s)",
                         flush=True,
                     )
@@ -353,47 +391,3 @@ class _Training:
         finally:
             bar.close()
         return self.metrics
-
-
-class _Placement:
-    """Several processes: a global batch split over every process's devices (each process
-    passes its rows), the model and optimizer state replicated."""
-
-    def __init__(self):
-        self.mesh = data_mesh()
-
-    def batch(self, x, y, idx):
-        rows = np.asarray(idx).reshape(jax.process_count(), -1)[jax.process_index()]
-        return shard_batch((np.asarray(x)[rows], np.asarray(y)[rows]), self.mesh)
-
-    def replicate(self, tree):
-        return replicate(tree, self.mesh)
-
-
-def _placement(warm: bool, batch: int) -> _Placement | None:
-    """None in one process; else how to place the data over all processes' devices."""
-    if jax.process_count() == 1:
-        return None
-    if warm:
-        raise UsageError(
-            "--warm-start keeps every training example's fixed point in one process's memory: "
-            "not with several processes"
-        )
-    if batch % jax.device_count():
-        raise UsageError(
-            f"--batch-size ({batch}) must be a multiple of the {jax.device_count()} devices of "
-            f"the {jax.process_count()} processes"
-        )
-    return _Placement()
-
-
-def _on_host(x) -> np.ndarray:
-    """A result as a NumPy array, also when it spans several processes' devices."""
-    if getattr(x, "is_fully_addressable", True) or x.is_fully_replicated:
-        return np.asarray(x)
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def _points(fixed_points):
-    """The warm-start fixed points as a saved array (an empty one when not warm-starting)."""
-    return jnp.zeros((0,)) if fixed_points is None else jnp.asarray(fixed_points)

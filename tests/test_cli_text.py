@@ -1,0 +1,150 @@
+"""`eqattn train --task text`, `eqattn evaluate` and `eqattn generate` on a text run, as a user
+runs them (in this process), checked against the model's own forward pass and an
+uninterrupted run."""
+
+import json
+import math
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eqattn import text
+from eqattn.cli import _train as train_module, main
+
+pytestmark = pytest.mark.float32
+ROOT = Path(__file__).parent.parent
+CONTEXT = 16
+TINY = [
+    "--task",
+    "text",
+    "--context",
+    str(CONTEXT),
+    "--epochs",
+    "2",
+    "--epoch-steps",
+    "2",
+    "--batch-size",
+    "4",
+    "--dim",
+    "8",
+    "--heads",
+    "2",
+    "--no-progress",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """60 short documents (each shorter than the context, so one window scores it whole)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = ["def", "x", "=", "(", ")", ":", "return", "1", "+", "\n"]
+    for i in range(60):
+        doc = " ".join(rng.choice(words, rng.integers(2, 5)))[: CONTEXT - 1]
+        (folder / f"doc{i:02}.py").write_text(doc)
+    return folder
+
+
+def _bits_by_hand(model, documents) -> float:
+    """Bits per byte of whole documents, each read after START by the model's forward pass
+    (padded to the context: a causal model's positions do not see the padding after them)."""
+    forward = eqx.filter_jit(lambda x: jax.nn.log_softmax(model(x), axis=-1))
+    bits, count = 0.0, 0
+    for doc in documents:
+        inputs = np.zeros(CONTEXT, np.int32)
+        inputs[: len(doc)] = np.concatenate([[text.START], doc[:-1]])
+        logp = np.asarray(forward(jnp.asarray(inputs)))
+        bits -= float(np.sum(logp[np.arange(len(doc)), doc])) / math.log(2)
+        count += len(doc)
+    return bits / count
+
+
+def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", *TINY, "--text", str(corpus), "--out", str(out), "--jacobian-weight", "1"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    for h in metrics["history"]:  # the loss holds the Jacobian penalty beyond the bits
+        assert h["loss"] > h["train_bits_per_byte"] * math.log(2) + 1e-3
+    loaded = text.load_corpus([corpus])
+    assert metrics["corpus"] == loaded.info and metrics["task"] == "text"
+    assert metrics["test_scored_bytes"] == loaded.info["bytes"]["test"]
+    assert metrics["evaluation"]["context"] == CONTEXT and metrics["evaluation"]["stride"] == 8
+    model = text.load_model(out)
+    expected = _bits_by_hand(model, loaded.test)
+    assert metrics["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
+    assert f"test {metrics['test_bits_per_byte']:.3f} bits per byte" in printed
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                str(out),
+                "--steps",
+                "2,30",
+                "--json",
+                str(tmp_path / "e.json"),
+            ]
+        )
+        == 0
+    )
+    evaluated = json.loads((tmp_path / "e.json").read_text())
+    assert evaluated["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
+    assert [row["max_steps"] for row in evaluated["budget_sweep"]] == [2, 30]
+
+
+def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
+    corpus, tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C in the second epoch, then `--resume`: the same model and history as a run never
+    stopped (the explicit model; the run directory's code is the digits')."""
+    args = [*TINY, "--model", "explicit", "--text", str(corpus)]
+    assert main(["train", *args, "--out", str(tmp_path / "ref")]) == 0
+
+    def interrupt(name):
+        if name == "step:2:1":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "failpoint", interrupt)
+    assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
+    assert "--resume --out" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["train", "--resume", "--out", str(tmp_path / "cut")]) == 0
+    ref, cut = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ref", "cut"))
+    assert cut["status"] == "done" and cut["epochs_done"] == 2
+    assert [h["loss"] for h in cut["history"]] == [h["loss"] for h in ref["history"]]
+    assert cut["test_bits_per_byte"] == ref["test_bits_per_byte"]
+    # the finished run generates, streaming what text.generate gives from its loaded model
+    capsys.readouterr()
+    argv = ["generate", "--checkpoint", str(tmp_path / "cut"), "--prompt", "def"]
+    assert main([*argv, "--tokens", "6", "--temperature", "0"]) == 0
+    greedy = text.generate(text.load_model(tmp_path / "cut"), "def", 6, temperature=0.0).text
+    assert capsys.readouterr().out == "def" + greedy.decode("utf-8", errors="replace") + "\n"
+
+
+def test_text_refusals_are_one_line(corpus, tmp_path, capsys):
+    def refused(*argv):
+        code = main(["train", *argv, "--out", str(tmp_path / "x")])
+        return code, capsys.readouterr().err.strip()
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "small.txt").write_text("tiny")
+    for argv, code, message in [
+        ([*TINY, "--context", "1"], 2, "--context must be >= 2"),
+        (["--text", str(corpus)], 2, "--text is for --task text"),
+        ([*TINY, "--text", str(tmp_path / "empty")], 2, "the corpus has no text"),
+        ([*TINY, "--text", str(tmp_path / "small.txt")], 2, "too small to split"),
+        ([*TINY, "--text", str(tmp_path / "nope")], 2, "no such file or folder"),
+        ([*TINY, "--text", str(corpus), "--warm-start"], 2, "--warm-start is for the digits"),
+        ([*TINY, "--text", str(corpus), "--corrections", "2"], 2, "--corrections is for"),
+    ]:
+        got, line = refused(*argv)
+        assert got == code and message in line and "\n" not in line, (argv, line)
+    digits = ROOT / "tests" / "fixtures" / "checkpoint-v2"
+    assert main(["generate", "--checkpoint", str(digits), "--prompt", "a"]) == 1
+    assert "not a text model" in capsys.readouterr().err
