@@ -116,6 +116,7 @@ def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
     monkeypatch.undo()
     assert main(["train", "--resume", "--out", str(tmp_path / "cut")]) == 0
     ref, cut = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ref", "cut"))
+    assert ref["model_shape"]["depth"] == 4 and ref["model_shape"]["width"] % 2 == 0
     assert cut["status"] == "done" and cut["epochs_done"] == 2
     assert [h["loss"] for h in cut["history"]] == [h["loss"] for h in ref["history"]]
     assert cut["test_bits_per_byte"] == ref["test_bits_per_byte"]
@@ -148,3 +149,24 @@ def test_text_refusals_are_one_line(corpus, tmp_path, capsys):
     digits = ROOT / "tests" / "fixtures" / "checkpoint-v2"
     assert main(["generate", "--checkpoint", str(digits), "--prompt", "a"]) == 1
     assert "not a text model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dim, heads, context", [(64, 4, 256), (32, 2, 1024), (96, 4, 128)])
+def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(dim, heads, context):
+    """Every parameter counted (embeddings, positions and read-out included), from the built
+    models' leaves."""
+    import equinox as eqx
+
+    from eqattn.cli import ModelConfig
+    from eqattn.cli._models import build_model
+
+    def count(model):
+        return sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
+
+    config = ModelConfig(task="text", dim=dim, heads=heads, context=context)
+    deq = count(build_model(config, jax.random.key(0)))
+    explicit = build_model(
+        ModelConfig(**{**config.__dict__, "model": "explicit"}), jax.random.key(0)
+    )
+    assert len(explicit.blocks) == config.depth
+    assert abs(count(explicit) - deq) <= 0.05 * deq

@@ -17,7 +17,7 @@ import optax
 
 from .. import text
 from ._errors import CommandError, UsageError
-from ._models import predict
+from ._models import explicit_shape, predict
 from ._train import _Training
 
 VALIDATION_WINDOWS = 64
@@ -192,8 +192,13 @@ class TextTraining(_Training):
             info["python"] = platform.python_version()
         steps = len(self.history) * self.steps_per_epoch
         tokens = steps * self.batch * self.model_config.context
+        shape = {"dim": self.model_config.dim}
+        if self.model_config.model == "explicit":  # its width matches the DEQ's parameters
+            width, mlp_ratio = explicit_shape(self.model_config)
+            shape = {"depth": self.model_config.depth, "width": width, "mlp_ratio": mlp_ratio}
         return dict(
             task="text",
+            model_shape=shape,
             corpus=info,
             evaluation=protocol(self.model_config.context),
             train_tokens_per_s=tokens / self.train_time if self.train_time else None,
