@@ -113,6 +113,9 @@ def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
     monkeypatch.setattr(train_module, "failpoint", interrupt)
     assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
     assert "--resume --out" in capsys.readouterr().err
+    stopped = json.loads((tmp_path / "cut" / "metrics.json").read_text())
+    # Ctrl-C ends promptly: the whole test split is scored when a run is done, not here
+    assert stopped["status"] == "interrupted" and "test_bits_per_byte" not in stopped
     monkeypatch.undo()
     assert main(["train", "--resume", "--out", str(tmp_path / "cut")]) == 0
     ref, cut = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ref", "cut"))

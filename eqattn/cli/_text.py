@@ -120,8 +120,8 @@ def _spread(windows: text.Windows, count: int) -> text.Windows:
 class TextTraining(_Training):
     """A text run: each epoch is `epoch_steps` optimizer steps on random windows of the
     training documents; after it, bits per byte on `VALIDATION_WINDOWS` validation windows; the
-    metrics' test bits per byte score the whole test split (at the end of the run, and when
-    Ctrl-C stops it)."""
+    metrics' test bits per byte score the whole test split when the run is done (not when
+    Ctrl-C stops it, which must end promptly: `eqattn evaluate` scores any checkpoint)."""
 
     FIELDS = ("loss", "train_bits_per_byte", "solver_steps", "relative_residual", "converged")
     HEADLINE = ("validation_bits_per_byte", "val", ".3f", ".3f")

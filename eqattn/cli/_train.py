@@ -165,8 +165,8 @@ class _Training:
         return x0, self.train_labels[: self.batch]
 
     def _test_metrics(self, final: bool) -> dict[str, Any]:
-        """The test set's metrics (accuracy and the solves' statistics); `final`: the run ends
-        (done or interrupted)."""
+        """The test set's metrics (accuracy and the solves' statistics); `final`: the run is
+        done (a task whose test set is costly scores it then only: Ctrl-C must end promptly)."""
         results = self.evaluate(self.model, self.test_x, None)
         preds, steps, residual, converged = (on_host(a) for a in results)
         return dict(
@@ -248,7 +248,7 @@ class _Training:
         """Evaluate on the test set, then save the checkpoint and metrics.json (at an epoch's
         end, with that epoch's state for `--resume`)."""
         t_eval = time.perf_counter()
-        tested = self._test_metrics(final=status != "running")
+        tested = self._test_metrics(final=status == "done")
         headline = self.HEADLINE[0]
         self.eval_s += time.perf_counter() - t_eval
         if at_boundary:
