@@ -50,7 +50,7 @@ class AbstractBlock(eqx.Module):
         prefix: KeyValues | None = None,
     ) -> Float[Array, "n dim"]:
         """One application of the block's map (see the class docstring); `prefix`, the
-        [`key_values`][eqattn.nn.AbstractBlock.key_values] of earlier tokens' states, is
+        `key_values` (the block's method) of earlier tokens' states, is
         attended to in front of `z`'s own tokens."""
         rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
         drop_attn, drop_mlp = (None, None) if drop is None else drop

@@ -139,7 +139,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
 
     def step(self, z, injection, mask=None, drop=None, prefix=None):
         """One application of the block's map (see the module docstring); `prefix`, the
-        [`key_values`][eqattn.nn.AbstractBlock.key_values] of earlier tokens' fixed points."""
+        `key_values` (the block's method) of earlier tokens' fixed points."""
         out = self.sublayers(z, injection, mask, drop, prefix)
         return shard_tokens(self.attention.sequence, out)
 
@@ -165,7 +165,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         """Solve for $z^*$. Dropout (when `dropout > 0`, `key` given and not `inference`) draws
         its masks once here and keeps them for every iteration of this solve.
 
-        `prefix`, the [`key_values`][eqattn.nn.AbstractBlock.key_values] of `p` earlier
+        `prefix`, the `key_values` (the block's method) of `p` earlier
         tokens' fixed points, solves only the rows of `x`, attending to those tokens as well
         (then `mask` is `[n, p + n]`). In a causal block a token's fixed point depends only on
         the tokens up to it, so solving new tokens against the cache of the earlier ones gives
