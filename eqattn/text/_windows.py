@@ -31,17 +31,18 @@ class Windows(NamedTuple):
     weights: np.ndarray
 
 
-def _shifted(document: np.ndarray) -> np.ndarray:
-    return np.concatenate([[START], document[:-1]]).astype(np.int32)
-
-
-def _window(document, inputs, start: int, context: int, scored_from: int) -> tuple:
-    piece = slice(start, min(start + context, len(document)))
+def _window(document, start: int, context: int, scored_from: int) -> tuple:
+    """The window of `context` positions from `start`: inputs are the previous symbols
+    (`START` before the document's first byte), targets the bytes; only this window's slice of
+    the document is read (documents can be large)."""
+    stop = min(start + context, len(document))
+    length = stop - start
     x = np.zeros(context, np.int32)
     y = np.zeros(context, np.int32)
     w = np.zeros(context, np.float32)
-    length = piece.stop - piece.start
-    x[:length], y[:length] = inputs[piece], document[piece]
+    x[0] = START if start == 0 else document[start - 1]
+    x[1:length] = document[start : stop - 1]
+    y[:length] = document[start:stop]
     w[max(0, scored_from - start) : length] = 1
     return x, y, w
 
@@ -70,7 +71,7 @@ def training_batch(
     rows = []
     for i in chosen:
         start = int(rng.integers(starts[i]))
-        rows.append(_window(documents[i], _shifted(documents[i]), start, context, start))
+        rows.append(_window(documents[i], start, context, start))
     return Windows(*(np.stack(column) for column in zip(*rows)))
 
 
@@ -103,14 +104,13 @@ def evaluation_windows(
         raise ValueError(f"`stride` must be in [1, context={context}]; got {stride}.")
     rows = []
     for document in documents:
-        inputs = _shifted(document)
         n = len(document)
         starts = list(range(0, max(n - context, 0) + 1, stride))
         if starts[-1] + context < n:
             starts.append(n - context)
         scored = 0
         for start in starts:
-            rows.append(_window(document, inputs, start, context, scored))
+            rows.append(_window(document, start, context, scored))
             scored = min(start + context, n)
     if not rows:
         raise ValueError("no documents to evaluate.")
