@@ -24,6 +24,7 @@ SUITES = (
     "scaling",
     "ring",
     "closure",
+    "text",
 )
 
 

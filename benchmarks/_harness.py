@@ -69,6 +69,8 @@ def time_interleaved(
     (`output`: the warm-up call's result, so callers need not compile again to inspect it).
     A case `(External(call),)` is timed in the same rounds by calling `call()`. With `errors` (a
     dict), a case that fails to compile or run is left out and its error stored there.
+    `temp_bytes`: the compiled program's temporary memory (XLA's memory analysis; None for an
+    `External` case or where the backend gives none).
     """
     compiled = {}
     for name, (fn, *args) in cases.items():
@@ -94,9 +96,15 @@ def time_interleaved(
             "times_s": t,
             "compile_s": compiled[name][1],
             "output": compiled[name][2],
+            "temp_bytes": _temp_bytes(compiled[name][0]),
         }
         for name, t in times.items()
     }
+
+
+def _temp_bytes(compiled) -> int | None:
+    analysis = getattr(compiled, "memory_analysis", lambda: None)()
+    return None if analysis is None else analysis.temp_size_in_bytes
 
 
 def matmul_rate(size: int = 2048, repeats: int = 10, dtype=np.float32) -> float:

@@ -193,6 +193,34 @@ def _closure(fig, rows):
     ax.legend(fontsize=7)
 
 
+def _text(fig, rows):
+    axes = fig.subplots(1, 3)
+    context = [r for r in rows if r["part"] == "context"]
+    _lines(
+        axes[0],
+        _series(context, lambda r: r["model"], "context", "temp_mb"),
+        "context",
+        "step memory (MB)",
+        "training step, same tokens per step",
+    )
+    solver = [r for r in rows if r["part"] == "solver"]
+    _lines(
+        axes[1],
+        _series(solver, lambda r: "DEQ", "steps", "temp_mb"),
+        "solver step budget",
+        "step memory (MB)",
+        "implicit backward",
+    )
+    generation = [r for r in rows if r["part"] == "generation"]
+    _lines(
+        axes[2],
+        _series(generation, lambda r: f"{r['model']} {r['mode']}", "prompt", "ms_per_token"),
+        "prompt length",
+        "ms per token",
+        "generation",
+    )
+
+
 PLOTS = {
     "core": _core,
     "causal": _causal,
@@ -204,6 +232,7 @@ PLOTS = {
     "ring": _ring,
     "deq": _deq,
     "closure": _closure,
+    "text": _text,
 }
 
 

@@ -514,6 +514,89 @@ def causal(payload) -> str:
     )
 
 
+def text(payload) -> str:
+    """The paired runs (with the target), the training step against context and solver budget,
+    generation speed, and the long-context step's memory."""
+    part = lambda name: [r for r in payload["rows"] if r["part"] == name]  # noqa: E731
+    target = payload["target"]
+    paired = _table(
+        [
+            "model",
+            "seeds",
+            "test bits per byte (per seed)",
+            "- explicit (median)",
+            "train s",
+            "x explicit",
+            "solver steps (test)",
+            "converged",
+            "params",
+            "step MB",
+        ],
+        [
+            [
+                r["model"],
+                _seeds(r["seeds"]),
+                f"{r['bpb_mean']:.3f} ({', '.join(f'{b:.3f}' for b in r['test_bits_per_byte'])})",
+                f"{r['bpb_minus_explicit']:+.3f}",
+                f"{r['train_s']:.0f}",
+                f"{r['train_ratio_to_explicit']:.2f}",
+                "" if r["model"] == "explicit" else f"{r['test_solver_steps']:.1f}",
+                "" if r["model"] == "explicit" else f"{r['test_converged']:.0%}",
+                f"{r['params']:,}",
+                f"{r['step_temp_mb']:.1f}",
+            ]
+            for r in part("paired")
+        ],
+    )
+    verdict = "met" if payload["meets_target"] else "not met"
+    paired += (
+        f"\n\nTarget (DEQ <= explicit + {target['bits_per_byte']} bits per byte at <= "
+        f"{target['time_ratio']}x its training time): **{verdict}**."
+    )
+    context = _table(
+        ["context", "model", "batch", "step memory MB", "step ms", "x explicit", "solver steps"],
+        [
+            [
+                r["context"],
+                r["model"],
+                r["batch"],
+                f"{r['temp_mb']:.1f}",
+                f"{r['step_ms']:.3g}",
+                f"{r['ratio_to_explicit']:.2f}",
+                "" if r["model"] == "explicit" else f"{r['solver_steps']:.1f}",
+            ]
+            for r in part("context")
+        ],
+    )
+    solver = _table(
+        ["solver step budget", "step memory MB", "step ms"],
+        [[r["steps"], f"{r['temp_mb']:.1f}", f"{r['step_ms']:.3g}"] for r in part("solver")],
+    )
+    generation = _table(
+        ["prompt", "model", "mode", "ms per token", "tokens/s", "x DEQ cached", "solver steps"],
+        [
+            [
+                r["prompt"],
+                r["model"],
+                r["mode"],
+                f"{r['ms_per_token']:.3g}",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['of_deq_cached']:.2f}",
+                "" if r["model"] == "explicit" else r["solver_steps"],
+            ]
+            for r in part("generation")
+        ],
+    )
+    out = "\n\n".join([paired, context, solver, generation])
+    for r in part("long-context"):
+        out += (
+            f"\n\n`--context {r['context']}`, batch {r['batch']}: one DEQ training step, peak "
+            f"resident memory {r['peak_rss_mb']:.0f} MB ({r['temp_mb']:.0f} MB temporary, "
+            f"compiled), {r['step_s']:.1f} s."
+        )
+    return out
+
+
 SECTIONS = {
     "core": core,
     "causal": causal,
@@ -525,6 +608,7 @@ SECTIONS = {
     "scaling": scaling,
     "ring": ring,
     "closure": closure,
+    "text": text,
     "compile": compile_table,
 }
 

@@ -60,6 +60,24 @@ def _check_causal(payload):
     assert errors and max(errors.values()) < 1e-4, errors
 
 
+def _check_text(payload):
+    part = lambda name: [r for r in payload["rows"] if r["part"] == name]  # noqa: E731
+    explicit, deq = part("paired")
+    assert (explicit["model"], deq["model"]) == ("explicit", "deq")
+    assert abs(deq["params"] / explicit["params"] - 1) <= 0.05  # equal size, within 5%
+    assert all(0 < bpb < 9 for r in (explicit, deq) for bpb in r["test_bits_per_byte"])
+    temps = [r["temp_mb"] for r in part("solver")]
+    assert temps[0] == temps[-1]  # the implicit backward's memory does not grow with the steps
+    modes = {(r["model"], r["mode"]) for r in part("generation")}
+    assert modes == {
+        ("deq", "cached"),
+        ("deq", "re-solve cold"),
+        ("deq", "re-solve warm"),
+        ("explicit", "cached"),
+        ("explicit", "re-run"),
+    }
+
+
 CHECKS = {
     "core": _check_core,
     "causal": _check_causal,
@@ -68,6 +86,7 @@ CHECKS = {
     "training": _check_training,
     "memory": _check_memory,
     "scaling": _check_scaling,
+    "text": _check_text,
 }
 
 

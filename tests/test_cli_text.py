@@ -14,6 +14,7 @@ import pytest
 
 from eqattn import text
 from eqattn.cli import _train as train_module, main
+from eqattn.cli._errors import CommandError
 
 pytestmark = pytest.mark.float32
 ROOT = Path(__file__).parent.parent
@@ -173,3 +174,26 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(dim, heads
     )
     assert len(explicit.blocks) == config.depth
     assert abs(count(explicit) - deq) <= 0.05 * deq
+
+
+@pytest.mark.parametrize("model", ["deq", "explicit"])
+def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
+    """`eqattn.cli.text_configs` (the Python route) gives the configurations `eqattn train
+    --task text` trains with, defaults and a changed field alike."""
+    from eqattn.cli import text_configs
+
+    seen = []
+
+    def fake_train(model_config, config, out, **kwargs):
+        seen.append((model_config, config))
+        raise CommandError("stop here")
+
+    monkeypatch.setattr(train_module, "train", fake_train)
+    for argv, fields in [
+        ([], {}),
+        (["--context", "64", "--lr", "0.01"], dict(context=64, lr=0.01)),
+    ]:
+        assert main(["train", "--task", "text", "--model", model, "--out", str(tmp_path), *argv])
+        assert seen.pop() == text_configs(model, **fields)
+    with pytest.raises(TypeError, match="no configuration field contxt"):
+        text_configs(model, contxt=64)

@@ -6,5 +6,5 @@ from ._info import info as info
 from ._main import main as main
 from ._models import ModelConfig as ModelConfig
 from ._retrieve import retrieve as retrieve
-from ._step import TrainConfig as TrainConfig
+from ._step import TrainConfig as TrainConfig, text_configs as text_configs
 from ._train import train as train

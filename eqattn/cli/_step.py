@@ -15,6 +15,7 @@ import optax
 from ._errors import UsageError
 from ._models import (
     NUM_CLASSES,
+    TEXT_DEFAULTS,
     ModelConfig,
     correction_segments,
     predict,
@@ -79,6 +80,35 @@ class TrainConfig:
             raise UsageError(f"--corrections must be >= 0; got {self.corrections}")
         if not 0 < self.correction_decay <= 1:
             raise UsageError(f"--correction-decay must be in (0, 1]; got {self.correction_decay}")
+
+
+def text_configs(model: str = "deq", **fields) -> tuple[ModelConfig, TrainConfig]:
+    """The configurations of `eqattn train --task text --model MODEL`: the text task's defaults
+    (5 epochs of 100 steps, batch 16, no dropout or label smoothing, the Jacobian penalty at
+    weight 1 for the DEQ), with `fields` set in whichever of the two configurations has them.
+    The dataclasses' own defaults are the digits'.
+
+    **Example:**
+
+    ```python
+    from eqattn import cli
+
+    model_config, config = cli.text_configs("deq", context=128, epochs=2)
+    assert model_config.task == "text" and model_config.dropout == 0.0
+    assert (config.epochs, config.batch_size, config.jacobian_weight) == (2, 16, 1.0)
+    ```
+    """
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(fields) - model_fields - train_fields
+    if unknown:
+        raise TypeError(f"text_configs: no configuration field {', '.join(sorted(unknown))}")
+    values = {**TEXT_DEFAULTS, **fields}
+    model_config = ModelConfig(
+        model=model, task="text", **{k: v for k, v in values.items() if k in model_fields}
+    )
+    config = TrainConfig(**{k: v for k, v in values.items() if k in train_fields})
+    return model_config, config
 
 
 def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndarray:

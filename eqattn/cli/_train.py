@@ -332,11 +332,10 @@ class _Training:
             self.model, self.opt_state = model, state
             sums += values
             m = sums / (i + 1)
-            solver = f"steps {m[2]:.1f} res {m[3]:.1e} " if self.deq else ""  # DEQ only
+            solver = f" steps {m[2]:.1f} res {m[3]:.1e}" if self.deq else ""  # DEQ only
+            scored = f" {short} {test_acc:{bar_format}}" if math.isfinite(test_acc) else ""
             bar.set_postfix_str(
-                f"loss {m[0]:.3f} {self.BAR} {m[1]:{bar_format}} {solver}{short} "
-                f"{test_acc:{bar_format}}",
-                refresh=False,
+                f"loss {m[0]:.3f} {self.BAR} {m[1]:{bar_format}}{solver}{scored}", refresh=False
             )
             bar.update()
         return sums / self.steps_per_epoch
@@ -345,7 +344,8 @@ class _Training:
         from tqdm.auto import tqdm
 
         config, deq = self.config, self.deq
-        desc = f"{self.model_config.model} {self.model_config.tokens}"
+        c = self.model_config
+        desc = f"{c.model} {'text' if c.task == 'text' else c.tokens}"
         if progress is None:
             progress = "bar" if sys.stderr.isatty() else "lines"
         progress = {True: "bar", False: "off"}.get(progress, progress) if self.writer else "off"

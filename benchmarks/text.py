@@ -1,0 +1,343 @@
+"""`text`: the byte-level language model of `eqattn train --task text`, the DEQ against the
+explicit baseline of equal parameters.
+
+1. Paired runs: `eqattn.cli.train` of both models with the command's text defaults (the default
+   corpus, context 256), seeds 0 to 2, round-robin seed by seed: test bits per byte and training
+   time, and the DEQ's over the explicit model's per seed (median over the seeds); the target is
+   DEQ bits per byte <= explicit + 0.05 at <= 1.5x its training time.
+2. The training step (the command's: the Jacobian penalty included for the DEQ) against context
+   (256, 1024, 4096) at 4096 tokens a step (batch 4096 / context, so the rows do the same number
+   of tokens): its compiled temporary memory and its time (median, round-robin with the
+   explicit model's); against the solver's step budget (5 to 40 steps at context 256, the
+   tolerance out of reach so every step runs): the implicit backward's memory does not grow with
+   the steps.
+3. Generation, fresh parameters (speed does not depend on training, solver steps do: they are
+   reported), context 1088: the time of the token after a prompt of 256 and of 1024 bytes,
+   DEQ with its equilibrium cache (`eqattn.nn.extend`: one row solved against the cached keys
+   and values), DEQ re-solving the whole prefix (from zeros, and warm-started from the previous
+   fixed points), the explicit model with its key/value cache and re-running the prefix.
+4. (full run only) `--context 4096` at the command's batch (16): one DEQ training step in a
+   fresh process, its peak resident memory (the 8 GB check) and the compiled step's temporary
+   memory.
+
+`--quick`: a small corpus (eqattn's `text` package), context 32, a few steps; it exercises the
+code only.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import eqattn
+from eqattn.cli import text_configs
+from eqattn.cli._models import build_model
+from eqattn.cli._step import optimizer_of
+from eqattn.cli._text import make_text_train_step
+from eqattn.cli._train import train
+
+from ._harness import print_table, time_interleaved
+
+MB = 2**20
+SEEDS = (0, 1, 2)
+TARGET_BPB, TARGET_TIME = 0.05, 1.5
+"""The target: DEQ bits per byte <= explicit + TARGET_BPB, at <= TARGET_TIME x its training
+time (median of the per-seed ratios)."""
+
+_QUICK_CORPUS = (str(Path(eqattn.__file__).parent / "text"),)
+_QUICK = dict(dim=16, heads=2)
+"""`--quick`'s model size (the command's otherwise)."""
+
+
+def _paired(quick: bool) -> list[dict]:
+    small = dict(_QUICK, context=16, epochs=1, epoch_steps=2, batch_size=4, text=_QUICK_CORPUS)
+    seeds = (0,) if quick else SEEDS
+    runs = {"explicit": {}, "deq": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in seeds:  # round-robin: each DEQ run beside the explicit run of its seed
+            for model in runs:
+                model_config, config = text_configs(model, seed=seed, **(small if quick else {}))
+                runs[model][seed] = train(
+                    model_config, config, f"{tmp}/{model}-{seed}", progress=False
+                )
+                jax.clear_caches()
+    rows = []
+    for model, results in runs.items():
+        m = list(results.values())
+        bpb = [r["test_bits_per_byte"] for r in m]
+        rows.append(
+            {
+                "part": "paired",
+                "model": model,
+                "seeds": list(results),
+                "test_bits_per_byte": bpb,
+                "bpb_mean": statistics.mean(bpb),
+                "bpb_minus_explicit": statistics.median(
+                    r["test_bits_per_byte"] - runs["explicit"][s]["test_bits_per_byte"]
+                    for s, r in results.items()
+                ),
+                "train_s": statistics.median(r["train_time_s"] for r in m),
+                "train_ratio_to_explicit": statistics.median(
+                    r["train_time_s"] / runs["explicit"][s]["train_time_s"]
+                    for s, r in results.items()
+                ),
+                "wall_s": statistics.median(sum(r["time_split_s"].values()) for r in m),
+                "params": m[0]["params"],
+                "test_solver_steps": m[0].get("test_mean_solver_steps"),
+                "test_converged": statistics.mean(r.get("test_converged", 1.0) for r in m),
+                "step_temp_mb": m[0]["step_temp_memory_mb"],
+                "model_shape": m[0]["model_shape"],
+            }
+        )
+    deq = rows[1]
+    deq["meets_target"] = (
+        deq["bpb_minus_explicit"] <= TARGET_BPB and deq["train_ratio_to_explicit"] <= TARGET_TIME
+    )
+    return rows
+
+
+def _step(model_config, config, batch):
+    """(the training step as a jittable function of arrays, its example arguments)."""
+    model = build_model(model_config, jax.random.key(0))
+    optimizer = optimizer_of(config, 1000)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    step = make_text_train_step(model_config, config, optimizer)
+    params, static = eqx.partition(model, eqx.is_array)
+    context = model_config.context
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32)
+    labels = (jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32), jnp.ones(x.shape))
+
+    def run(params, opt_state, x, labels, key):
+        model, opt_state, loss, stats, _ = step(
+            eqx.combine(params, static), opt_state, x, labels, key, None
+        )
+        return eqx.filter(model, eqx.is_array), opt_state, loss, stats
+
+    return run, (params, opt_state, x, labels, jax.random.key(1))
+
+
+def _context_rows(contexts, tokens_per_step, repeats, size) -> list[dict]:
+    rows = []
+    for context in contexts:
+        batch = max(1, tokens_per_step // context)
+        cases = {}
+        for model in ("explicit", "deq"):
+            fn, args = _step(*text_configs(model, context=context, **size), batch)
+            cases[model] = (fn, *args)
+        timings = time_interleaved(cases, repeats=repeats)
+        for model, t in timings.items():
+            rows.append(
+                {
+                    "part": "context",
+                    "model": model,
+                    "context": context,
+                    "batch": batch,
+                    "temp_mb": t["temp_bytes"] / MB,
+                    "step_ms": 1e3 * t["median_s"],
+                    "ratio_to_explicit": t["median_s"] / timings["explicit"]["median_s"],
+                    "solver_steps": float(t["output"][3][1]),
+                }
+            )
+        jax.clear_caches()
+    return rows
+
+
+def _solver_rows(budgets, context, batch, repeats, size) -> list[dict]:
+    cases = {}
+    for steps in budgets:
+        model_config, config = text_configs(
+            "deq", context=context, rtol=1e-12, max_steps=steps, train_steps=steps, **size
+        )
+        fn, args = _step(model_config, config, batch)
+        cases[steps] = (fn, *args)
+    timings = time_interleaved(cases, repeats=repeats)
+    jax.clear_caches()
+    return [
+        {
+            "part": "solver",
+            "steps": steps,
+            "context": context,
+            "batch": batch,
+            "temp_mb": t["temp_bytes"] / MB,
+            "step_ms": 1e3 * t["median_s"],
+            "solver_steps": float(t["output"][3][1]),
+        }
+        for steps, t in timings.items()
+    ]
+
+
+def _generation_cases(model, prompt: int) -> dict[str, tuple]:
+    """name: (fn, *args) giving the logits of the token after `prompt` tokens and the solver
+    steps it took."""
+    params, static = eqx.partition(model, eqx.is_array)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, prompt + 1), jnp.int32)
+    _, cache, _ = eqx.filter_jit(eqattn.nn.prefill)(model, tokens[:prompt])
+
+    def cached(params, token, cache):
+        logits, _, step = eqattn.nn.extend(eqx.combine(params, static), token, cache)
+        return logits, step.steps
+
+    def rerun(params, tokens):  # the whole prefix again (the DEQ from zeros)
+        logits, _, step = eqattn.nn.prefill(eqx.combine(params, static), tokens)
+        return logits[-1], step.steps
+
+    cases = {"cached": (cached, params, tokens[prompt], cache), "re-run": (rerun, params, tokens)}
+    if isinstance(model, eqattn.nn.DEQTransformer):
+
+        def warm(params, tokens, z0):  # the prefix again, from its previous fixed points
+            m = eqx.combine(params, static)
+            eq = m.block.equilibrium(m.embedding(tokens)[0], z0=z0, inference=True)
+            return m.readout(eq.value)[-1], eq.steps
+
+        z = eqx.filter_jit(lambda m, t: m.block.equilibrium(m.embedding(t)[0], inference=True))(
+            model, tokens[:prompt]
+        ).value
+        cases["re-solve warm"] = (warm, params, tokens, jnp.concatenate([z, z[-1:]]))
+    return cases
+
+
+def _generation_rows(prompts, context, repeats, size) -> list[dict]:
+    rows = []
+    for prompt in prompts:
+        cases = {}
+        for model in ("deq", "explicit"):
+            m = build_model(text_configs(model, context=context, **size)[0], jax.random.key(0))
+            for mode, case in _generation_cases(m, prompt).items():
+                cases[(model, mode)] = case
+        timings = time_interleaved(cases, repeats=repeats)
+        base = timings[("deq", "cached")]["median_s"]
+        for (model, mode), t in timings.items():
+            rows.append(
+                {
+                    "part": "generation",
+                    "prompt": prompt,
+                    "model": model,
+                    "mode": mode if model == "explicit" or mode != "re-run" else "re-solve cold",
+                    "ms_per_token": 1e3 * t["median_s"],
+                    "tokens_per_s": 1 / t["median_s"],
+                    "of_deq_cached": t["median_s"] / base,
+                    "solver_steps": int(t["output"][1]),
+                }
+            )
+        jax.clear_caches()
+    return rows
+
+
+def context_step(context: int = 4096, batch: int = 16) -> dict:
+    """One DEQ training step of `eqattn train --task text --context CONTEXT` at its batch (run in
+    a fresh process by the suite, so the peak resident memory is this step's)."""
+    import resource
+
+    model_config, config = text_configs("deq", context=context, batch_size=batch)
+    fn, args = _step(model_config, config, batch)
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(compiled(*args))
+    return {
+        "part": "long-context",
+        "context": context,
+        "batch": batch,
+        "temp_mb": compiled.memory_analysis().temp_size_in_bytes / MB,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "step_s": time.perf_counter() - t0,
+        "compile_s": compile_s,
+        "solver_steps": float(out[3][1]),
+        "loss": float(out[2]),
+    }
+
+
+def _context_step_in_fresh_process() -> dict:
+    code = "import json; from benchmarks.text import context_step as f; print(json.dumps(f()))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"the long-context step failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _print(rows) -> None:
+    part = lambda name: [r for r in rows if r["part"] == name]  # noqa: E731
+    print("paired runs (the command's text defaults; median over seeds of the per-seed figures)")
+    print_table(
+        part("paired"),
+        [
+            ("model", "model", "s"),
+            ("bpb_mean", "test bpb", ".3f"),
+            ("bpb_minus_explicit", "- explicit", "+.3f"),
+            ("train_s", "train s", ".0f"),
+            ("train_ratio_to_explicit", "x explicit", ".2f"),
+            ("test_solver_steps", "steps", ".1f"),
+            ("test_converged", "converged", ".0%"),
+            ("params", "params", ",d"),
+        ],
+    )
+    print("\ntraining step against context (the same tokens per step)")
+    print_table(
+        part("context"),
+        [
+            ("context", "context", "d"),
+            ("model", "model", "s"),
+            ("batch", "batch", "d"),
+            ("temp_mb", "temp MB", ".1f"),
+            ("step_ms", "step ms", ".1f"),
+            ("ratio_to_explicit", "x explicit", ".2f"),
+            ("solver_steps", "steps", ".1f"),
+        ],
+    )
+    print("\nDEQ training step against the solver's step budget")
+    print_table(
+        part("solver"),
+        [("steps", "budget", "d"), ("temp_mb", "temp MB", ".1f"), ("step_ms", "step ms", ".1f")],
+    )
+    print("\ngeneration: the token after a prompt (fresh parameters)")
+    print_table(
+        part("generation"),
+        [
+            ("prompt", "prompt", "d"),
+            ("model", "model", "s"),
+            ("mode", "mode", "s"),
+            ("ms_per_token", "ms/token", ".2f"),
+            ("tokens_per_s", "tokens/s", ".0f"),
+            ("of_deq_cached", "x DEQ cached", ".2f"),
+            ("solver_steps", "steps", "d"),
+        ],
+    )
+
+
+def run(quick: bool = False) -> tuple[list[dict], dict]:
+    rows = _paired(quick)
+    if quick:
+        rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK)
+        rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK)
+        rows += _generation_rows([8], context=16, repeats=2, size=_QUICK)
+    else:
+        rows += _context_rows([256, 1024, 4096], tokens_per_step=4096, repeats=5, size={})
+        rows += _solver_rows([5, 10, 20, 40], context=256, batch=16, repeats=5, size={})
+        rows += _generation_rows([256, 1024], context=1088, repeats=10, size={})
+    _print(rows)
+    if not quick:
+        long = _context_step_in_fresh_process()
+        rows.append(long)
+        print(
+            f"\n--context {long['context']} at batch {long['batch']}: one DEQ training step, "
+            f"peak resident {long['peak_rss_mb']:.0f} MB, {long['temp_mb']:.0f} MB temporary "
+            f"(compiled), {long['step_s']:.1f} s"
+        )
+    paired = [r for r in rows if r["part"] == "paired"]
+    return rows, {
+        "target": {"bits_per_byte": TARGET_BPB, "time_ratio": TARGET_TIME},
+        "meets_target": paired[1]["meets_target"],
+        "corpus": "eqattn/text (quick)" if quick else "the Python standard library (default)",
+    }
