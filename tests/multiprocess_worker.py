@@ -1,28 +1,29 @@
-"""One process of `test_multiprocess.py`: `python -m tests.multiprocess_worker ADDRESS ID N`.
+"""One process of `test_multiprocess.py`:
+`python -m tests.multiprocess_worker ADDRESS ID N -- EQATTN_TRAIN_ARGS...`.
 
-Joins the others with `jax.distributed.initialize` (CPU collectives over gloo), then on a mesh of
-every process's devices runs (a) a data-parallel training step of `DEQTransformer`, each process
-passing its own rows of the batch, and (b) causal ring attention with its gradient. Each result is
-checked against the same computation on this process's first device alone (a one-device run);
-the worker prints one `ok ...` line per check and exits 0, or raises.
+First `eqattn train EQATTN_TRAIN_ARGS --coordinator ADDRESS --num-processes N --process-id ID`
+through the command's own entry point, which joins the processes (`jax.distributed.initialize`,
+CPU collectives over gloo) and trains data-parallel over every process's devices (the test
+compares its run with a one-process run). Then, in float64 on the same processes, on a mesh of
+all their devices: (a) a data-parallel training step of `DEQTransformer`, each process passing its
+own rows of the batch, and (b) causal ring attention with its gradient, each checked against the
+same computation on this process's first device alone. The worker prints one `ok ...` line per
+check and exits 0, or raises.
 """
 
 import sys
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.config.update("jax_enable_x64", True)
-
-import equinox as eqx  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
-
-import eqattn  # noqa: E402
-import eqattn.parallel as par  # noqa: E402
+import eqattn
+import eqattn.cli
+import eqattn.parallel as par
 
 
 def _close(a, b, what, tol=1e-9):
@@ -103,8 +104,14 @@ def ring(process, processes):
 
 def main():
     address, process, processes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    jax.distributed.initialize(address, num_processes=processes, process_id=process)
+    train_args = sys.argv[sys.argv.index("--") + 1 :]
+    where = ["--coordinator", address, "--num-processes", str(processes)]
+    code = eqattn.cli.main(["train", *train_args, *where, "--process-id", str(process)])
+    if code:
+        raise SystemExit(code)
     assert jax.process_count() == processes, jax.process_count()
+    print(f"ok eqattn train in {processes} processes", flush=True)
+    jax.config.update("jax_enable_x64", True)  # the checks below compare in float64
     training_step(process, processes)
     ring(process, processes)
     jax.distributed.shutdown()

@@ -175,19 +175,19 @@ def test_fixed_point_gradient_with_respect_to_a_python_float():
 def test_nan_input_gives_nan_output_and_says_so():
     layer = eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (5, 8)).at[2, 3].set(jnp.nan)
-    eq = layer.equilibrium(x)
+    eq = eqx.filter_jit(layer.equilibrium)(x)
     assert eq.result == eqattn.RESULTS.nonfinite and not bool(eq.converged)
-    assert np.all(np.isnan(layer(x)))
+    assert np.all(np.isnan(eqx.filter_jit(layer)(x)))
     # the other equilibrium layers, NaN or inf in an input
     key, y = jax.random.key(0), jax.random.normal(jax.random.key(2), (7, 8))
     bad = x.at[2, 3].set(jnp.inf)
-    for call in (
-        lambda: eqattn.nn.DEQBlock(8, 2, key=key)(x, inference=True),
-        lambda: eqattn.nn.EnergyAttention(8, 2, key=key)(bad),
-        lambda: eqattn.nn.Hopfield(8, 8, 2, key=key)(x, y),
-        lambda: eqattn.nn.Hopfield(8, 8, 2, key=key)(y[:5], bad),  # in the stored patterns
+    for layer, args in (
+        (eqattn.nn.DEQBlock(8, 2, key=key, inference=True), (x,)),
+        (eqattn.nn.EnergyAttention(8, 2, key=key), (bad,)),
+        (eqattn.nn.Hopfield(8, 8, 2, key=key), (x, y)),
+        (eqattn.nn.Hopfield(8, 8, 2, key=key), (y[:5], bad)),  # in the stored patterns
     ):
-        assert np.all(np.isnan(call()))
+        assert np.all(np.isnan(eqx.filter_jit(layer)(*args)))
     strict = eqattn.nn.ImplicitAttention(8, 2, key=jax.random.key(0), throw=True)
     with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge"):
         jax.block_until_ready(eqx.filter_jit(strict)(x))

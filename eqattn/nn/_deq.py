@@ -61,11 +61,18 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     **Example:**
 
     ```python
-    import jax, jax.numpy as jnp, eqattn
+    import equinox as eqx, jax, jax.numpy as jnp, eqattn
 
     block = eqattn.nn.DEQBlock(16, 2, key=jax.random.key(0), mlp_ratio=2.0)
     x = jax.random.normal(jax.random.key(1), (3, 10, 16))  # [batch, tokens, dim]
-    z, eq = jax.vmap(block.forward)(x)  # each example solved and stopped on its own
+
+
+    @eqx.filter_jit
+    def solve(block, x):
+        return jax.vmap(block.forward)(x)  # each example solved and stopped on its own
+
+
+    z, eq = solve(block, x)
     assert z.shape == x.shape and eq.steps.shape == (3,) and bool(jnp.all(eq.converged))
     ```
     """
@@ -284,11 +291,11 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     **Example:**
 
     ```python
-    import jax, jax.numpy as jnp, eqattn
+    import equinox as eqx, jax, eqattn
 
     model = eqattn.nn.DEQTransformer(10, 16, 2, key=jax.random.key(0), in_features=8, max_len=8)
     x = jax.random.normal(jax.random.key(1), (8, 8))  # 8 tokens of 8 features (a digit's rows)
-    logits, eq = model.forward(x)
+    logits, eq = eqx.filter_jit(model.forward)(x)
     assert logits.shape == (10,) and eq.converged
     ```
     """

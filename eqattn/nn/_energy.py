@@ -44,11 +44,11 @@ class EnergyAttention(AbstractEquilibriumLayer):
     **Example:**
 
     ```python
-    import jax, jax.numpy as jnp, eqattn
+    import equinox as eqx, jax, eqattn
 
     layer = eqattn.nn.EnergyAttention(16, 2, key=jax.random.key(0), num_memories=8)
     x = jax.random.normal(jax.random.key(1), (10, 16))
-    z, eq = layer.forward(x)  # a stationary point of the layer's energy
+    z, eq = eqx.filter_jit(layer.forward)(x)  # a stationary point of the layer's energy
     assert z.shape == (10, 16) and eq.converged
     ```
     """

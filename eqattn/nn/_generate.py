@@ -33,12 +33,12 @@ class GenerationCache(eqx.Module):
     **Example:**
 
     ```python
-    import jax, jax.numpy as jnp, eqattn
+    import equinox as eqx, jax, jax.numpy as jnp, eqattn
 
     model = eqattn.nn.Transformer(
         7, 8, 2, 3, key=jax.random.key(0), vocab_size=7, max_len=10, pooling="none", causal=True
     )
-    _, cache, _ = eqattn.nn.prefill(model, jnp.array([1, 2, 3]))
+    _, cache, _ = eqx.filter_jit(eqattn.nn.prefill)(model, jnp.array([1, 2, 3]))
     assert cache.keys.shape == (3, 2, 10, 4) and int(cache.length) == 3  # 3 blocks, 2 heads
     ```
     """
@@ -56,12 +56,12 @@ class Step(eqx.Module):
     **Example:**
 
     ```python
-    import jax, jax.numpy as jnp, eqattn
+    import equinox as eqx, jax, jax.numpy as jnp, eqattn
 
     model = eqattn.nn.DEQTransformer(
         7, 8, 2, key=jax.random.key(0), vocab_size=7, max_len=10, pooling="none", causal=True
     )
-    _, _, step = eqattn.nn.prefill(model, jnp.array([1, 2, 3]))
+    _, _, step = eqx.filter_jit(eqattn.nn.prefill)(model, jnp.array([1, 2, 3]))
     assert bool(step.converged) and int(step.steps) >= 1
     ```
     """

@@ -77,12 +77,12 @@ class Hopfield(AbstractEquilibriumLayer):
     **Example:**
 
     ```python
-    import jax, jax.numpy as jnp, eqattn
+    import equinox as eqx, jax, eqattn
 
     layer = eqattn.nn.Hopfield(16, 8, 2, key=jax.random.key(0))  # state 16 wide, stored 8 wide
     state = jax.random.normal(jax.random.key(1), (5, 16))
     stored = jax.random.normal(jax.random.key(2), (12, 8))
-    out, eq = layer.forward(state, stored)
+    out, eq = eqx.filter_jit(layer.forward)(state, stored)
     assert out.shape == (5, 16) and eq.converged and not eq.energy_rose
     ```
     """

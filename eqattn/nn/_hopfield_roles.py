@@ -24,11 +24,11 @@ class HopfieldPooling(AbstractSolved):
     **Example:**
 
     ```python
-    import jax, eqattn
+    import equinox as eqx, jax, eqattn
 
     pool = eqattn.nn.HopfieldPooling(16, 2, key=jax.random.key(0), num_queries=3)
     x = jax.random.normal(jax.random.key(1), (20, 16))  # a set of 20 items
-    assert pool(x).shape == (3, 16)  # three learned queries retrieve from it
+    assert eqx.filter_jit(pool)(x).shape == (3, 16)  # three learned queries retrieve from it
     ```
     """
 
