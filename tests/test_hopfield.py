@@ -392,7 +392,9 @@ def test_activation_and_fixed_patterns(rng):
     state, stored = rng.normal(size=(3, 6)), rng.normal(size=(8, 5))
     plain = _update_steps_layer(2, 0.0)
     relu = _update_steps_layer(2, 0.0, association_activation=jax.nn.relu)
-    np.testing.assert_allclose(relu(state, stored), np.maximum(plain(state, stored), 0))
+    np.testing.assert_allclose(
+        eqx.filter_jit(relu)(state, stored), np.maximum(eqx.filter_jit(plain)(state, stored), 0)
+    )
     x = jnp.asarray(rng.normal(size=(4, 5)))
     for cls, arg, field in (
         (eqattn.nn.HopfieldPooling, x, "queries"),
@@ -401,7 +403,7 @@ def test_activation_and_fixed_patterns(rng):
         extra = (6,) if cls is eqattn.nn.HopfieldLayer else ()
         for trainable in (True, False):
             model = cls(5, *extra, key=jax.random.key(2), trainable=trainable, dtype=jnp.float64)
-            g = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(m(arg))))(model)
+            g = eqx.filter_jit(eqx.filter_grad(lambda m, x: jnp.sum(jnp.sin(m(x)))))(model, arg)
             assert np.any(np.asarray(getattr(g, field)) != 0) == trainable
             assert np.any(np.asarray(g.hopfield.attention.query_proj.weight) != 0)
 

@@ -46,7 +46,8 @@ def test_implicit_gradient_matches_unrolled_and_finite_differences(getkey, name)
     layer = _layers(getkey())[name]
     x = jax.random.normal(getkey(), (5, 8), F64)
     y = jax.random.normal(getkey(), (7, 6), F64)
-    c = jax.random.normal(getkey(), _apply(name, layer, x, y).shape, F64)
+    shape = eqx.filter_eval_shape(lambda layer: _apply(name, layer, x, y), layer).shape
+    c = jax.random.normal(getkey(), shape, F64)
 
     @eqx.filter_jit
     def loss(layer):
@@ -222,8 +223,8 @@ def test_fixed_point_correction_trajectory(getkey):
     x = jax.random.normal(getkey(), (5, 8), F64)
     key = getkey()
     injection, _, drop = block._prepare(x, None, key, False)
-    f = lambda z, b=block: b.step(z, injection, None, drop)  # noqa: E731
-    pieces = block.trajectory(x, (3, 2, 4), key=key)
+    f = jax.jit(lambda z, b=block: b.step(z, injection, None, drop))
+    pieces = eqx.filter_jit(block.trajectory)(x, (3, 2, 4), key=key)
     # a piece of k evaluations of f ends at its start's (k-1)-th image (the last point it
     # measured a residual at)
     z, points = jnp.zeros((5, 8), F64), []
@@ -367,16 +368,19 @@ def test_energy_descent_never_increases(getkey):
     layer = enn.EnergyAttention(16, 2, key=getkey(), num_memories=8, dtype=F64)
     x = jax.random.normal(getkey(), (6, 16), F64)
     mask = jnp.tril(jnp.ones((6, 6), bool))
-    z, energies = x, [layer.energy(x, x, mask)]
+    energy = eqx.filter_jit(layer.energy)
+    z, energies = x, [energy(x, x, mask)]
     step = jax.jit(lambda z: layer.step(z, x, mask))
     for _ in range(60):
         z = step(z)
-        energies.append(layer.energy(z, x, mask))
+        energies.append(energy(z, x, mask))
     diffs = np.diff(np.asarray(energies))
     assert np.all(diffs <= 1e-12 * np.abs(energies[0])), diffs.max()
-    eq = layer.equilibrium(x, mask=mask)
+    eq = eqx.filter_jit(layer.equilibrium)(x, mask=mask)
     assert eq.converged
-    np.testing.assert_allclose(jax.grad(layer.energy)(eq.value, x, mask), 0.0, atol=1e-3)
+    np.testing.assert_allclose(
+        eqx.filter_jit(lambda m, z: jax.grad(m.energy)(z, x, mask))(layer, eq.value), 0.0, atol=1e-3
+    )
 
 
 def test_bad_shapes_and_options(getkey):
@@ -405,7 +409,7 @@ def test_bad_shapes_and_options(getkey):
 def test_explicit_transformer_baseline(getkey):
     x = jax.random.normal(getkey(), (7, 6))
     model = enn.Transformer(3, 16, 2, 3, key=getkey(), in_features=6, max_len=8, pooling="cls")
-    assert len(model.blocks) == 3 and model(x).shape == (3,)
+    assert len(model.blocks) == 3 and eqx.filter_jit(model)(x).shape == (3,)
     # a block is DEQBlock's map without the injection: same weights, zero injection
     deq = enn.DEQBlock(16, 2, key=getkey())
     block = eqx.tree_at(
@@ -414,10 +418,15 @@ def test_explicit_transformer_baseline(getkey):
         (deq.attention, deq.mlp_in, deq.mlp_out),
     )
     z = jax.random.normal(getkey(), (7, 16))
-    np.testing.assert_allclose(block(z), deq.step(z, jnp.zeros_like(z)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        eqx.filter_jit(block)(z),
+        eqx.filter_jit(deq.step)(z, jnp.zeros_like(z)),
+        rtol=1e-6,
+        atol=1e-6,
+    )
     tokens = enn.Transformer(5, 8, 2, 1, key=getkey(), vocab_size=11, pooling="none")
-    assert tokens(jnp.arange(4)).shape == (4, 5)
-    grads = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(model)
+    assert eqx.filter_jit(tokens)(jnp.arange(4)).shape == (4, 5)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2)))(model)
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
     with pytest.raises(ValueError, match="`depth` must be >= 1"):
         enn.Transformer(3, 16, 2, 0, key=getkey(), in_features=6)

@@ -158,14 +158,21 @@ def test_fixed_point_gradient_with_respect_to_a_python_float():
         return z * (1 - z**2) / (1 - b * (1 - z**2))
 
     for adjoint in (eqattn.ImplicitAdjoint(), eqattn.Unrolled()):
-        in_args = jax.grad(
-            lambda b: eqattn.fixed_point(f, jnp.zeros(()), b, solver=tight, adjoint=adjoint).value
+        # (jitted: eager calls compile op by op; the float is traced as in an eager jax.grad)
+        in_args = jax.jit(
+            jax.grad(
+                lambda b: (
+                    eqattn.fixed_point(f, jnp.zeros(()), b, solver=tight, adjoint=adjoint).value
+                )
+            )
         )(0.5)
-        closed = jax.grad(
-            lambda b: (
-                eqattn.fixed_point(
-                    lambda z, _: f(z, b), jnp.zeros(()), solver=tight, adjoint=adjoint
-                ).value
+        closed = jax.jit(
+            jax.grad(
+                lambda b: (
+                    eqattn.fixed_point(
+                        lambda z, _: f(z, b), jnp.zeros(()), solver=tight, adjoint=adjoint
+                    ).value
+                )
             )
         )(0.5)
         np.testing.assert_allclose(in_args, closed_form(0.5), rtol=1e-10)

@@ -323,7 +323,7 @@ def test_precision_aware_default_tolerances():
     block = eqattn.nn.DEQBlock(16, 2, key=jax.random.key(0), dtype=jnp.bfloat16, throw=True)
     assert block.solver.rtol == 4 * 2.0**-7
     x = jax.random.normal(jax.random.key(1), (3, 12, 16), jnp.bfloat16)
-    eq = jax.vmap(block.equilibrium)(x)
+    eq = eqx.filter_jit(lambda b, x: jax.vmap(b.equilibrium)(x))(block, x)
     assert bool(jnp.all(eq.converged))
     loss = lambda m: jnp.sum(jax.vmap(m)(x).astype(jnp.float32) ** 2)  # noqa: E731
     grads = jax.block_until_ready(eqx.filter_jit(eqx.filter_grad(loss))(block))
