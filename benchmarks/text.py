@@ -17,8 +17,9 @@ explicit baseline of equal parameters.
    and values), DEQ re-solving the whole prefix (from zeros, and warm-started from the previous
    fixed points), the explicit model with its key/value cache and re-running the prefix.
 4. (full run only) `--context 4096` at the command's batch (16): one DEQ training step in a
-   fresh process, its peak resident memory (the 8 GB check) and the compiled step's temporary
-   memory.
+   fresh process (the command's step, which differentiates the windows in chunks of at most
+   4096 tokens: here one window at a time), its peak resident memory (the 8 GB check) and the
+   compiled step's temporary memory.
 
 `--quick`: a small corpus (eqattn's `text` package), context 32, a few steps; it exercises the
 code only.

@@ -201,3 +201,38 @@ def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
         assert seen.pop() == text_configs(model, **fields)
     with pytest.raises(TypeError, match="no configuration field contxt"):
         text_configs(model, contxt=64)
+
+
+def test_a_long_context_step_differentiates_in_chunks():
+    """The text step sums its gradient over chunks of windows (`TOKENS_PER_GRADIENT` tokens at
+    a time): the same loss, statistics and SGD update as the whole batch at once, with the
+    compiled memory of a chunk."""
+    import equinox as eqx
+    import optax
+
+    from eqattn.cli import text_configs
+    from eqattn.cli._models import build_model
+    from eqattn.cli._text import make_text_train_step, windows_per_chunk
+
+    assert [windows_per_chunk(16, c) for c in (256, 1024, 4096, 8192)] == [16, 4, 1, 1]
+    assert windows_per_chunk(6, 1024) == 3  # a divisor of the batch
+    model_config, config = text_configs("deq", context=CONTEXT, dim=8, heads=2)
+    model = build_model(model_config, jax.random.key(0))
+    optimizer = optax.sgd(1.0)  # the update is the gradient itself
+    state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 256, (4, CONTEXT)), jnp.int32)
+    labels = (jnp.asarray(rng.integers(0, 256, x.shape)), jnp.asarray(rng.random(x.shape) < 0.8))
+    args = (model, state, x, (labels[0], labels[1].astype(jnp.float32)), jax.random.key(1), None)
+    runs = {}
+    for tokens in (4 * CONTEXT, CONTEXT):  # the batch at once; one window at a time
+        step = eqx.filter_jit(make_text_train_step(model_config, config, optimizer, tokens))
+        memory = step.lower(*args).compile().compiled.memory_analysis().temp_size_in_bytes
+        runs[tokens] = (memory, step(*args))
+    (whole_memory, whole), (chunk_memory, chunked) = runs[4 * CONTEXT], runs[CONTEXT]
+    assert chunk_memory < 0.6 * whole_memory
+    np.testing.assert_allclose(chunked[2], whole[2], rtol=1e-5)
+    np.testing.assert_allclose(chunked[3], whole[3], rtol=1e-5)
+    params = [jax.tree.leaves(eqx.filter(r[0], eqx.is_inexact_array)) for r in (chunked, whole)]
+    for a, b in zip(*params, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

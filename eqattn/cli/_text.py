@@ -39,32 +39,63 @@ def protocol(context: int) -> dict[str, Any]:
     }
 
 
-def make_text_train_step(model_config, config, optimizer):
+TOKENS_PER_GRADIENT = 4096
+"""A text step differentiates at most this many tokens at a time: the batch's windows in
+chunks whose gradients are summed (the same step; the memory of one chunk). `--context 4096`
+at batch 16 takes 16 chunks of one window."""
+
+
+def windows_per_chunk(batch: int, context: int, tokens: int = TOKENS_PER_GRADIENT) -> int:
+    """The largest divisor of `batch` whose windows hold at most `tokens` tokens (at least 1)."""
+    most = max(1, tokens // context)
+    return max(d for d in range(1, min(batch, most) + 1) if batch % d == 0)
+
+
+def make_text_train_step(model_config, config, optimizer, tokens=TOKENS_PER_GRADIENT):
     """`step(model, opt_state, x, (targets, weights), key, z0) -> (model, opt_state, loss,
     stats, None)`: one optimizer step on windows; the loss is the mean cross-entropy (nats) of
-    the scored positions; `stats` = (bits per byte, solver steps, relative residual, converged)."""
+    the scored positions; `stats` = (bits per byte, solver steps, relative residual, converged).
+    The gradient is summed over chunks of at most `tokens` tokens (`windows_per_chunk`)."""
 
     regularize = model_config.model == "deq" and config.jacobian_weight > 0
 
-    def loss_fn(model, x, labels, key):
+    def chunk_loss(model, x, labels, keys, scored, windows):
+        """The chunk's share of the batch's loss and statistics: sums over its windows,
+        divided by the batch's scored positions and windows."""
         targets, weights = labels
-        keys = jax.random.split(key, (2, len(x)))
         p = jax.vmap(lambda xi, ki: predict(model, xi, config.train_steps, key=ki))(x, keys[0])
         nats = optax.softmax_cross_entropy_with_integer_labels(p.logits, targets)
-        loss = jnp.sum(nats * weights) / jnp.maximum(jnp.sum(weights), 1)
-        stats = (loss / math.log(2), p.steps.mean(), p.residual.mean(), p.converged.mean())
+        loss = jnp.sum(nats * weights) / scored
+        stats = tuple(jnp.sum(a) / windows for a in (p.steps, p.residual, p.converged))
+        stats = (loss / math.log(2), *stats)
         if regularize:  # the Jacobian penalty at each window's fixed point (same dropout masks)
             penalty = jax.vmap(
                 lambda xi, zi, ki, pk: model.jacobian_penalty(xi, zi, key=ki, probe_key=pk)
             )(x, p.fixed_point, keys[0], keys[1])
-            loss = loss + config.jacobian_weight * penalty.mean()
+            loss = loss + config.jacobian_weight * jnp.sum(penalty) / windows
         return loss, stats
+
+    grad = eqx.filter_value_and_grad(chunk_loss, has_aux=True)
 
     def step(model, opt_state, x, labels, key, z0):
         del z0  # no warm start for text
-        (loss, stats), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(
-            model, x, labels, key
-        )
+        batch, context = x.shape
+        keys = jax.random.split(key, (2, batch))
+        totals = (jnp.maximum(jnp.sum(labels[1]), 1), batch)
+        per = windows_per_chunk(batch, context, tokens)
+        if per == batch:
+            (loss, stats), grads = grad(model, x, labels, keys, *totals)
+        else:  # a scan over chunks: one chunk's memory, the gradients summed
+            split = lambda a: a.reshape(batch // per, per, *a.shape[1:])  # noqa: E731
+            chunks = (split(x), jax.tree.map(split, labels), jnp.moveaxis(split(keys.T), 2, 1))
+
+            def add(total, chunk):
+                return jax.tree.map(jnp.add, total, grad(model, *chunk, *totals)), None
+
+            first = jax.tree.map(lambda a: a[0], chunks)
+            shapes = eqx.filter_eval_shape(grad, model, *first, *totals)
+            zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            ((loss, stats), grads), _ = jax.lax.scan(add, zero, chunks)
         params = eqx.filter(model, eqx.is_inexact_array)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return eqx.apply_updates(model, updates), opt_state, loss, stats, None
@@ -202,6 +233,7 @@ class TextTraining(_Training):
             corpus=info,
             evaluation=protocol(self.model_config.context),
             train_tokens_per_s=tokens / self.train_time if self.train_time else None,
+            windows_per_gradient_chunk=windows_per_chunk(self.batch, self.model_config.context),
             validation_windows=len(self.validation.inputs),
         )
 
