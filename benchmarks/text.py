@@ -92,7 +92,6 @@ def _paired(quick: bool) -> list[dict]:
                     r["train_time_s"] / runs["explicit"][s]["train_time_s"]
                     for s, r in results.items()
                 ),
-                "wall_s": statistics.median(sum(r["time_split_s"].values()) for r in m),
                 "params": m[0]["params"],
                 "test_solver_steps": m[0].get("test_mean_solver_steps"),
                 "test_converged": statistics.mean(r.get("test_converged", 1.0) for r in m),

@@ -73,7 +73,10 @@ def test_gradients_match_finite_differences(rng, path, shapes):
         out, lse = eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, **extra)
         return jnp.sum(out * c) + jnp.sum(jnp.tanh(lse) * w)
 
-    check_grads(loss, (q, k, v, beta), order=2, modes=["rev"], atol=1e-6, rtol=1e-6, eps=1e-5)
+    # (jitted: check_grads' many evaluations would otherwise run op by op)
+    check_grads(
+        jax.jit(loss), (q, k, v, beta), order=2, modes=["rev"], atol=1e-6, rtol=1e-6, eps=1e-5
+    )
 
 
 def test_tiled_and_one_shot_agree_in_float32(rng):

@@ -124,6 +124,13 @@ def _derived_figures():
     }
     for mode in ("forward", "forward+backward"):
         yield f"{100 * ms[mode, 'cudnn'] / ms[mode, 'eqattn-pallas']:.0f}"
+    text = _results("text-cpu-cpu")["rows"]
+    memory = {(r["model"], r["context"]): r["temp_mb"] for r in text if r["part"] == "context"}
+    for context in (256, 1024, 4096):  # the DEQ's step memory over the explicit model's
+        yield f"{memory['deq', context] / memory['explicit', context]:.1f}"
+    ms = {(r["prompt"], r["model"], r["mode"]): r["ms_per_token"] for r in text if "prompt" in r}
+    for prompt in (256, 1024):  # cached generation, DEQ over explicit
+        yield f"{ms[prompt, 'deq', 'cached'] / ms[prompt, 'explicit', 'cached']:.2f}"
     rows = {r["case"]: r["accuracy_mean"] for r in _results("training-cpu-cpu")["rows"]}
     defaults = next(v for k, v in rows.items() if k.startswith("eqattn train defaults"))
     for v in rows.values():  # points lost against the defaults
@@ -144,6 +151,7 @@ _SOURCES = {
     "Ring": ("ring",),
     "P1": ("deq",),
     "DEQ": ("training",),
+    "Text": ("text",),
 }
 
 
