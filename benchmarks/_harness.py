@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,16 @@ def time_interleaved(
 def _temp_bytes(compiled) -> int | None:
     analysis = getattr(compiled, "memory_analysis", lambda: None)()
     return None if analysis is None else analysis.temp_size_in_bytes
+
+
+def in_fresh_process(module: str, function: str) -> dict:
+    """`module.function()` (no arguments, a JSON-able result) run in a new Python process, so
+    that the process's peak resident memory is that call's."""
+    code = f"import json; from {module} import {function} as f; print(json.dumps(f()))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{module}.{function}() failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def matmul_rate(size: int = 2048, repeats: int = 10, dtype=np.float32) -> float:

@@ -15,9 +15,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 
 import equinox as eqx
@@ -26,7 +23,7 @@ import jax.numpy as jnp
 
 import eqattn
 
-from ._harness import print_table, time_interleaved
+from ._harness import in_fresh_process, print_table, time_interleaved
 
 BH, DIM = 4, 64
 MB = 2**20
@@ -226,16 +223,6 @@ def long_sequence_step(tokens: int = 16384, dim: int = 64, heads: int = 4) -> di
     }
 
 
-def _long_sequence_in_fresh_process() -> dict:
-    code = (
-        "import json; from benchmarks.memory import long_sequence_step as f; print(json.dumps(f()))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"the long-sequence step failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def run(quick: bool = False) -> tuple[list[dict], dict]:
     sizes = [256, 2048] if quick else [1024, 4096, 16384]
     rows = _core_memory(sizes)
@@ -269,7 +256,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         [("steps", "steps", "d"), ("case", "backward", "s"), ("temp_mb", "temp MB", ".2f")],
     )
     if not quick:
-        long = _long_sequence_in_fresh_process()
+        long = in_fresh_process("benchmarks.memory", "long_sequence_step")
         rows.append(long)
         print(
             f"\nImplicitAttention training step, {long['tokens']} tokens: "

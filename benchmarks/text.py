@@ -27,10 +27,7 @@ code only.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,7 +44,7 @@ from eqattn.cli._step import optimizer_of
 from eqattn.cli._text import make_text_train_step
 from eqattn.cli._train import train
 
-from ._harness import print_table, time_interleaved
+from ._harness import in_fresh_process, print_table, time_interleaved
 
 MB = 2**20
 SEEDS = (0, 1, 2)
@@ -259,14 +256,6 @@ def context_step(context: int = 4096, batch: int = 16) -> dict:
     }
 
 
-def _context_step_in_fresh_process() -> dict:
-    code = "import json; from benchmarks.text import context_step as f; print(json.dumps(f()))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"the long-context step failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def _print(rows) -> None:
     part = lambda name: [r for r in rows if r["part"] == name]  # noqa: E731
     print("paired runs (the command's text defaults; median over seeds of the per-seed figures)")
@@ -328,7 +317,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         rows += _generation_rows([256, 1024], context=1088, repeats=10, size={})
     _print(rows)
     if not quick:
-        long = _context_step_in_fresh_process()
+        long = in_fresh_process("benchmarks.text", "context_step")
         rows.append(long)
         print(
             f"\n--context {long['context']} at batch {long['batch']}: one DEQ training step, "
