@@ -21,8 +21,8 @@ explicit baseline of equal parameters.
    4096 tokens: here one window at a time), its peak resident memory (the 8 GB check) and the
    compiled step's temporary memory.
 
-`--quick`: a small corpus (eqattn's `text` package), context 32, a few steps; it exercises the
-code only.
+`--quick`: a small corpus (eqattn's `text` package), context 16, a few steps, parts 2-3 without
+the Jacobian penalty; it exercises the code only.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ time (median of the per-seed ratios)."""
 _QUICK_CORPUS = (str(Path(eqattn.__file__).parent / "text"),)
 _QUICK = dict(dim=16, heads=2)
 """`--quick`'s model size (the command's otherwise)."""
+_QUICK_STEP = dict(_QUICK, jacobian_weight=0.0)
+"""`--quick`'s training step in parts 2-3: without the Jacobian penalty, whose second-order
+program is the slowest to compile (part 1's DEQ still trains with it)."""
 
 
 def _paired(quick: bool) -> list[dict]:
@@ -308,8 +311,8 @@ def _print(rows) -> None:
 def run(quick: bool = False) -> tuple[list[dict], dict]:
     rows = _paired(quick)
     if quick:
-        rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK)
-        rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK)
+        rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK_STEP)
+        rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK_STEP)
         rows += _generation_rows([8], context=16, repeats=2, size=_QUICK)
     else:
         rows += _context_rows([256, 1024, 4096], tokens_per_step=4096, repeats=5, size={})

@@ -12,6 +12,8 @@ import pytest
 from benchmarks.__main__ import SUITES
 from benchmarks.gpu import STEPS
 
+from .conftest import FAST_COMPILE
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -102,7 +104,7 @@ def test_quick_benchmark_runs(suite, tmp_path, capsys):
     # suite's fast-compile flag applies too).
     # The suites of the GPU command run through its dry run (so the command cannot rot while no
     # GPU is lent); the others directly.
-    flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+    flags = f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"
     env = {**os.environ, "XLA_FLAGS": flags}
     if suite in {s.name for s in STEPS}:
         command = ["benchmarks", "gpu", "--dry-run", "--step", suite]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import FAST_COMPILE
+
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
@@ -28,7 +30,7 @@ def _env(**extra):
     compilation cache (set by a session fixture, after this module is imported)."""
     return {
         **os.environ,
-        "XLA_FLAGS": "--xla_backend_optimization_level=0",
+        "XLA_FLAGS": FAST_COMPILE,
         "PYTHONPATH": str(ROOT),
         "JAX_PLATFORMS": "cpu",
         **extra,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import FAST_COMPILE
+
 ROOT = Path(__file__).parent.parent
 PROCESSES = 2
 TIMEOUT_S = 150
@@ -28,9 +30,7 @@ def _free_port() -> int:
 def _env(devices: int) -> dict:
     env = dict(os.environ)
     # (the suite's fast-compile flag too: nothing here is timed)
-    env["XLA_FLAGS"] = (
-        f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
-    )
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
