@@ -184,6 +184,7 @@ def test_training_levers(capsys, tmp_path):
         (["--correction-decay", "0"], "--correction-decay must be in (0, 1]"),
         (["--train-steps", "0"], "--train-steps must be >= 1"),
         (["--jacobian-weight", "-1"], "--jacobian-weight must be finite and >= 0"),
+        (["--jacobian-share", "0"], "--jacobian-share must be in (0, 1]"),
         (["--backward-steps", "0"], "--backward-steps must be >= 1"),
     ]:
         code, _, err = run(capsys, "train", *TINY, *argv, "--out", str(tmp_path / "c"))

@@ -236,3 +236,52 @@ def test_a_long_context_step_differentiates_in_chunks():
     params = [jax.tree.leaves(eqx.filter(r[0], eqx.is_inexact_array)) for r in (chunked, whole)]
     for a, b in zip(*params, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_jacobian_penalty_probes_a_share_of_the_windows():
+    """`jacobian_share` 0.5 probes the first half of the batch's windows: the SGD update is the
+    cross-entropy's (the step at weight 0) plus the weight times the gradient of the penalty on
+    those windows alone, computed here from the model's public `jacobian_penalty`."""
+    import equinox as eqx
+    import optax
+
+    from eqattn.cli import text_configs
+    from eqattn.cli._models import build_model, predict
+    from eqattn.cli._text import make_text_train_step
+
+    fields = dict(context=CONTEXT, dim=8, heads=2)
+    model_config, config = text_configs("deq", **fields)
+    model = build_model(model_config, jax.random.key(0))
+    optimizer = optax.sgd(1.0)  # the update is minus the gradient
+    params = lambda m: eqx.filter(m, eqx.is_inexact_array)  # noqa: E731
+    state = optimizer.init(params(model))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 256, (4, CONTEXT)), jnp.int32)
+    labels = (jnp.asarray(rng.integers(0, 256, x.shape)), jnp.ones(x.shape, jnp.float32))
+    key, weight = jax.random.key(1), 3.0
+
+    def update(**more):
+        step = make_text_train_step(
+            model_config, text_configs("deq", **fields, **more)[1], optimizer
+        )
+        new = eqx.filter_jit(step)(model, state, x, labels, key, None)[0]
+        return jax.tree.map(jnp.subtract, params(new), params(model))
+
+    plain = update(jacobian_weight=0.0)
+    shared = update(jacobian_weight=weight, jacobian_share=0.5)
+    keys = jax.random.split(key, (2, 4))  # the step's dropout and probe keys, one per window
+
+    @eqx.filter_jit
+    @eqx.filter_grad
+    def penalty_grad(model):
+        total = 0.0
+        for i in (0, 1):
+            z = predict(model, x[i], config.train_steps, key=keys[0][i]).fixed_point
+            total += model.jacobian_penalty(x[i], z, key=keys[0][i], probe_key=keys[1][i])
+        return total / 2
+
+    term = jax.tree.leaves(jax.tree.map(lambda g: weight * g, params(penalty_grad(model))))
+    assert max(float(jnp.max(jnp.abs(t))) for t in term) > 1e-3  # the penalty counts
+    # (float32 parameters: an update is a difference of numbers of order 1)
+    for u, s, t in zip(jax.tree.leaves(plain), jax.tree.leaves(shared), term, strict=True):
+        np.testing.assert_allclose(s, u - t, rtol=1e-4, atol=2e-6)

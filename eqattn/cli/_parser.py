@@ -172,6 +172,13 @@ def _training_options(tr) -> None:
         + ")",
     )
     tr.add_argument(
+        "--jacobian-share",
+        type=float,
+        default=t.jacobian_share,
+        help="DEQ: the share of each batch's examples whose fixed points the Jacobian penalty "
+        "probes (default: %(default)s, all)",
+    )
+    tr.add_argument(
         "--corrections",
         type=int,
         default=t.corrections,

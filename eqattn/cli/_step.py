@@ -48,6 +48,10 @@ class TrainConfig:
     warm_start: bool = False
     # DEQ only: weight of the Jacobian penalty |df/dz|_F^2 / size at the fixed point (0: none)
     jacobian_weight: float = 0.0
+    # DEQ only: the share of each batch's examples (each chunk's windows for text) whose fixed
+    # points the penalty probes, the first ceil(share x examples) (batches are drawn at random):
+    # the penalty's second-order program costs in proportion, the estimate stays unbiased
+    jacobian_share: float = 1.0
     # DEQ only: fixed-point correction, the training solve's budget split into this many pieces,
     # a loss on each piece's end (weights correction_decay ** (pieces left), normalized), each
     # differentiated by a one-step phantom gradient instead of the model's adjoint (0: off)
@@ -70,6 +74,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise UsageError(f"--{name.replace('_', '-')} must be finite and >= 0; got {value}")
+        if not 0 < self.jacobian_share <= 1:
+            raise UsageError(f"--jacobian-share must be in (0, 1]; got {self.jacobian_share}")
         if not 0 <= self.label_smoothing < 1:
             raise UsageError(f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
         if self.train_size is not None and self.train_size < 1:
@@ -143,6 +149,20 @@ def make_evaluator():
     return evaluate
 
 
+def probed(config: TrainConfig, examples: int) -> int:
+    """How many of `examples` the Jacobian penalty probes: ceil(`jacobian_share` x examples)."""
+    return max(1, math.ceil(config.jacobian_share * examples - 1e-9))
+
+
+def penalties(model, x, fixed_points, keys, rows: int):
+    """The Jacobian penalty at the fixed points of the first `rows` examples (the forward's
+    dropout keys `keys[0]`, probes drawn with `keys[1]`)."""
+    first = lambda a: a[:rows]  # noqa: E731
+    return jax.vmap(lambda xi, zi, ki, pk: model.jacobian_penalty(xi, zi, key=ki, probe_key=pk))(
+        first(x), first(fixed_points), first(keys[0]), first(keys[1])
+    )
+
+
 def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
     """`step(model, opt_state, x, y, key, z0) -> (model, opt_state, loss, stats, z)`: one
     optimizer step on a batch, with the DEQ levers of `config` (training step budget, warm start
@@ -173,9 +193,7 @@ def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
             loss = jnp.dot(weights, losses)
             p = p._replace(logits=p.logits[:, -1])
         if regularize:
-            penalty = jax.vmap(
-                lambda xi, zi, ki, pk: model.jacobian_penalty(xi, zi, key=ki, probe_key=pk)
-            )(x, p.fixed_point, keys[0], keys[1])
+            penalty = penalties(model, x, p.fixed_point, keys, probed(config, len(x)))
             loss = loss + config.jacobian_weight * penalty.mean()
         acc = jnp.mean(jnp.argmax(p.logits, -1) == y)
         stats = (acc, p.steps.mean(), p.residual.mean(), p.converged.mean())

@@ -18,6 +18,7 @@ import optax
 from .. import text
 from ._errors import CommandError, UsageError
 from ._models import explicit_shape, predict
+from ._step import penalties, probed
 from ._train import _Training
 
 VALIDATION_WINDOWS = 64
@@ -59,9 +60,10 @@ def make_text_train_step(model_config, config, optimizer, tokens=TOKENS_PER_GRAD
 
     regularize = model_config.model == "deq" and config.jacobian_weight > 0
 
-    def chunk_loss(model, x, labels, keys, scored, windows):
+    def chunk_loss(model, x, labels, keys, scored, windows, penalized):
         """The chunk's share of the batch's loss and statistics: sums over its windows,
-        divided by the batch's scored positions and windows."""
+        divided by the batch's scored positions and windows (the penalty's, over the batch's
+        `penalized` windows)."""
         targets, weights = labels
         p = jax.vmap(lambda xi, ki: predict(model, xi, config.train_steps, key=ki))(x, keys[0])
         nats = optax.softmax_cross_entropy_with_integer_labels(p.logits, targets)
@@ -69,10 +71,8 @@ def make_text_train_step(model_config, config, optimizer, tokens=TOKENS_PER_GRAD
         stats = tuple(jnp.sum(a) / windows for a in (p.steps, p.residual, p.converged))
         stats = (loss / math.log(2), *stats)
         if regularize:  # the Jacobian penalty at each window's fixed point (same dropout masks)
-            penalty = jax.vmap(
-                lambda xi, zi, ki, pk: model.jacobian_penalty(xi, zi, key=ki, probe_key=pk)
-            )(x, p.fixed_point, keys[0], keys[1])
-            loss = loss + config.jacobian_weight * jnp.sum(penalty) / windows
+            penalty = penalties(model, x, p.fixed_point, keys, probed(config, len(x)))
+            loss = loss + config.jacobian_weight * jnp.sum(penalty) / penalized
         return loss, stats
 
     grad = eqx.filter_value_and_grad(chunk_loss, has_aux=True)
@@ -81,8 +81,9 @@ def make_text_train_step(model_config, config, optimizer, tokens=TOKENS_PER_GRAD
         del z0  # no warm start for text
         batch, context = x.shape
         keys = jax.random.split(key, (2, batch))
-        totals = (jnp.maximum(jnp.sum(labels[1]), 1), batch)
         per = windows_per_chunk(batch, context, tokens)
+        penalized = probed(config, per) * (batch // per)
+        totals = (jnp.maximum(jnp.sum(labels[1]), 1), batch, penalized)
         if per == batch:
             (loss, stats), grads = grad(model, x, labels, keys, *totals)
         else:  # a scan over chunks: one chunk's memory, the gradients summed
