@@ -514,14 +514,14 @@ def causal(payload) -> str:
     )
 
 
-def text(payload) -> str:
-    """The paired runs (with the target), the training step against context and solver budget,
-    generation speed, and the long-context step's memory."""
-    part = lambda name: [r for r in payload["rows"] if r["part"] == name]  # noqa: E731
+def _text_paired(payload) -> str:
+    """The text suite's paired runs (the defaults, then the candidates) and the target."""
+    rows = [r for r in payload["rows"] if r["part"] == "paired"]
     target = payload["target"]
     paired = _table(
         [
             "model",
+            "case",
             "seeds",
             "test bits per byte (per seed)",
             "- explicit (median)",
@@ -535,6 +535,7 @@ def text(payload) -> str:
         [
             [
                 r["model"],
+                r.get("case", "defaults"),
                 _seeds(r["seeds"]),
                 f"{r['bpb_mean']:.3f} ({', '.join(f'{b:.3f}' for b in r['test_bits_per_byte'])})",
                 f"{r['bpb_minus_explicit']:+.3f}",
@@ -545,14 +546,25 @@ def text(payload) -> str:
                 f"{r['params']:,}",
                 f"{r['step_temp_mb']:.1f}",
             ]
-            for r in part("paired")
+            for r in rows
         ],
     )
     verdict = "met" if payload["meets_target"] else "not met"
     paired += (
         f"\n\nTarget (DEQ <= explicit + {target['bits_per_byte']} bits per byte at <= "
-        f"{target['time_ratio']}x its training time): **{verdict}**."
+        f"{target['time_ratio']}x its training time), at the defaults: **{verdict}**."
     )
+    if rows[2:]:
+        met = [f"`{r['case']}`" for r in rows[2:] if r["meets_target"]]
+        paired += f" Candidates that meet it: {', '.join(met) or 'none'}."
+    return paired
+
+
+def text(payload) -> str:
+    """The paired runs (with the target), the training step against context and solver budget,
+    generation speed, and the long-context step's memory."""
+    part = lambda name: [r for r in payload["rows"] if r["part"] == name]  # noqa: E731
+    paired = _text_paired(payload)
     context = _table(
         ["context", "model", "batch", "step memory MB", "step ms", "x explicit", "solver steps"],
         [

@@ -4,7 +4,8 @@ explicit baseline of equal parameters.
 1. Paired runs: `eqattn.cli.train` of both models with the command's text defaults (the default
    corpus, context 256), seeds 0 to 2, round-robin seed by seed: test bits per byte and training
    time, and the DEQ's over the explicit model's per seed (median over the seeds); the target is
-   DEQ bits per byte <= explicit + 0.05 at <= 1.5x its training time.
+   DEQ bits per byte <= explicit + 0.05 at <= 1.5x its training time. The DEQ settings of
+   `CANDIDATES` run over the same seeds, each paired with the same explicit runs.
 2. The training step (the command's: the Jacobian penalty included for the DEQ) against context
    (256, 1024, 4096) at 4096 tokens a step (batch 4096 / context, so the rows do the same number
    of tokens): its compiled temporary memory and its time (median, round-robin with the
@@ -21,8 +22,8 @@ explicit baseline of equal parameters.
    4096 tokens: here one window at a time), its peak resident memory (the 8 GB check) and the
    compiled step's temporary memory.
 
-`--quick`: a small corpus (eqattn's `text` package), context 16, a few steps, parts 2-3 without
-the Jacobian penalty; it exercises the code only.
+`--quick`: a small corpus (eqattn's `text` package), context 16, a few steps, no Jacobian
+penalty; it exercises the code only.
 """
 
 from __future__ import annotations
@@ -53,57 +54,75 @@ TARGET_BPB, TARGET_TIME = 0.05, 1.5
 time (median of the per-seed ratios)."""
 
 _QUICK_CORPUS = (str(Path(eqattn.__file__).parent / "text"),)
-_QUICK = dict(dim=16, heads=2)
-"""`--quick`'s model size (the command's otherwise)."""
-_QUICK_STEP = dict(_QUICK, jacobian_weight=0.0)
-"""`--quick`'s training step in parts 2-3: without the Jacobian penalty, whose second-order
-program is the slowest to compile (part 1's DEQ still trains with it)."""
+_QUICK = dict(dim=16, heads=2, jacobian_weight=0.0)
+"""`--quick`'s model (the command's otherwise), without the Jacobian penalty, whose
+second-order program is the slowest to compile (the tests train with it)."""
+
+
+CANDIDATES: tuple[dict, ...] = (
+    # the penalty on an eighth of the windows, a one-VJP backward (one-seed trials: the
+    # cheapest step, below the explicit model's training time)
+    dict(jacobian_share=0.125, adjoint="jacobian-free"),
+    # the penalty on an eighth of the windows at a lower weight (one-seed trials: the best
+    # test bits per byte, +0.1 on the explicit model's)
+    dict(jacobian_share=0.125, jacobian_weight=0.3),
+)
+"""DEQ settings other than the command's defaults, each trained over the same seeds and paired
+with the same explicit runs (full run only): the options that may move a default."""
+
+
+def _case(fields: dict) -> str:
+    """`fields` as the command's options (`"defaults"` for none)."""
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fields.items()) or "defaults"
 
 
 def _paired(quick: bool) -> list[dict]:
     small = dict(_QUICK, context=16, epochs=1, epoch_steps=2, batch_size=4, text=_QUICK_CORPUS)
     seeds = (0,) if quick else SEEDS
-    runs = {"explicit": {}, "deq": {}}
+    cases = [("explicit", {}), ("deq", {})] + ([] if quick else [("deq", c) for c in CANDIDATES])
+    runs = {(model, _case(fields)): {} for model, fields in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:  # round-robin: each DEQ run beside the explicit run of its seed
-            for model in runs:
-                model_config, config = text_configs(model, seed=seed, **(small if quick else {}))
-                runs[model][seed] = train(
-                    model_config, config, f"{tmp}/{model}-{seed}", progress=False
+            for i, (model, fields) in enumerate(cases):
+                model_config, config = text_configs(
+                    model, seed=seed, **(small if quick else {}), **fields
                 )
+                out = f"{tmp}/{i}-{seed}"
+                runs[model, _case(fields)][seed] = train(model_config, config, out, progress=False)
                 jax.clear_caches()
-    rows = []
-    for model, results in runs.items():
-        m = list(results.values())
-        bpb = [r["test_bits_per_byte"] for r in m]
-        rows.append(
-            {
-                "part": "paired",
-                "model": model,
-                "seeds": list(results),
-                "test_bits_per_byte": bpb,
-                "bpb_mean": statistics.mean(bpb),
-                "bpb_minus_explicit": statistics.median(
-                    r["test_bits_per_byte"] - runs["explicit"][s]["test_bits_per_byte"]
-                    for s, r in results.items()
-                ),
-                "train_s": statistics.median(r["train_time_s"] for r in m),
-                "train_ratio_to_explicit": statistics.median(
-                    r["train_time_s"] / runs["explicit"][s]["train_time_s"]
-                    for s, r in results.items()
-                ),
-                "params": m[0]["params"],
-                "test_solver_steps": m[0].get("test_mean_solver_steps"),
-                "test_converged": statistics.mean(r.get("test_converged", 1.0) for r in m),
-                "step_temp_mb": m[0]["step_temp_memory_mb"],
-                "model_shape": m[0]["model_shape"],
-            }
+    explicit = runs["explicit", "defaults"]
+    return [_paired_row(model, case, results, explicit) for (model, case), results in runs.items()]
+
+
+def _paired_row(model: str, case: str, results: dict, explicit: dict) -> dict:
+    m = list(results.values())
+    bpb = [r["test_bits_per_byte"] for r in m]
+    row = {
+        "part": "paired",
+        "model": model,
+        "case": case,
+        "seeds": list(results),
+        "test_bits_per_byte": bpb,
+        "bpb_mean": statistics.mean(bpb),
+        "bpb_minus_explicit": statistics.median(
+            r["test_bits_per_byte"] - explicit[s]["test_bits_per_byte"] for s, r in results.items()
+        ),
+        "train_s": statistics.median(r["train_time_s"] for r in m),
+        "train_ratio_to_explicit": statistics.median(
+            r["train_time_s"] / explicit[s]["train_time_s"] for s, r in results.items()
+        ),
+        "params": m[0]["params"],
+        "test_solver_steps": statistics.mean(r.get("test_mean_solver_steps", 0.0) for r in m),
+        "test_converged": statistics.mean(r.get("test_converged", 1.0) for r in m),
+        "step_temp_mb": m[0]["step_temp_memory_mb"],
+        "model_shape": m[0]["model_shape"],
+    }
+    if model == "deq":
+        row["meets_target"] = (
+            row["bpb_minus_explicit"] <= TARGET_BPB
+            and row["train_ratio_to_explicit"] <= TARGET_TIME
         )
-    deq = rows[1]
-    deq["meets_target"] = (
-        deq["bpb_minus_explicit"] <= TARGET_BPB and deq["train_ratio_to_explicit"] <= TARGET_TIME
-    )
-    return rows
+    return row
 
 
 def _step(model_config, config, batch):
@@ -261,11 +280,15 @@ def context_step(context: int = 4096, batch: int = 16) -> dict:
 
 def _print(rows) -> None:
     part = lambda name: [r for r in rows if r["part"] == name]  # noqa: E731
-    print("paired runs (the command's text defaults; median over seeds of the per-seed figures)")
+    print(
+        "paired runs (the command's text defaults, then the DEQ candidates; median over seeds "
+        "of the per-seed figures)"
+    )
     print_table(
         part("paired"),
         [
             ("model", "model", "s"),
+            ("case", "case", "s"),
             ("bpb_mean", "test bpb", ".3f"),
             ("bpb_minus_explicit", "- explicit", "+.3f"),
             ("train_s", "train s", ".0f"),
@@ -311,8 +334,8 @@ def _print(rows) -> None:
 def run(quick: bool = False) -> tuple[list[dict], dict]:
     rows = _paired(quick)
     if quick:
-        rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK_STEP)
-        rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK_STEP)
+        rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK)
+        rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK)
         rows += _generation_rows([8], context=16, repeats=2, size=_QUICK)
     else:
         rows += _context_rows([256, 1024, 4096], tokens_per_step=4096, repeats=5, size={})

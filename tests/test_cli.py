@@ -147,6 +147,8 @@ def test_training_levers(capsys, tmp_path):
         "4",
         "--jacobian-weight",
         "0.5",
+        "--jacobian-share",
+        "0.5",
         "--solver",
         "picard",
         "--backward-solver",
@@ -161,6 +163,7 @@ def test_training_levers(capsys, tmp_path):
     metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert metrics["train_config"]["warm_start"] and metrics["train_config"]["train_steps"] == 4
     assert metrics["model_config"]["backward_steps"] == 3
+    assert metrics["train_config"]["jacobian_share"] == 0.5
     assert all(h["solver_steps"] <= 4 for h in metrics["history"])
     # Broyden with the shared inverse, in a run of one optimizer step (8 images, one batch)
     code, out, err = run(

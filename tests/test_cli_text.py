@@ -183,7 +183,9 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(dim, heads
 @pytest.mark.parametrize("model", ["deq", "explicit"])
 def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
     """`eqattn.cli.text_configs` (the Python route) gives the configurations `eqattn train
-    --task text` trains with, defaults and a changed field alike."""
+    --task text` trains with, defaults and a changed field alike; so do the text benchmark's
+    candidate DEQ settings and the command lines that name them."""
+    from benchmarks.text import CANDIDATES, _case
     from eqattn.cli import text_configs
 
     seen = []
@@ -196,6 +198,7 @@ def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
     for argv, fields in [
         ([], {}),
         (["--context", "64", "--lr", "0.01"], dict(context=64, lr=0.01)),
+        *[(_case(fields).split(), fields) for fields in CANDIDATES if model == "deq"],
     ]:
         assert main(["train", "--task", "text", "--model", model, "--out", str(tmp_path), *argv])
         assert seen.pop() == text_configs(model, **fields)
@@ -203,52 +206,22 @@ def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
         text_configs(model, contxt=64)
 
 
-def test_a_long_context_step_differentiates_in_chunks():
+def test_a_long_context_step_differentiates_in_chunks_and_the_penalty_probes_a_share():
     """The text step sums its gradient over chunks of windows (`TOKENS_PER_GRADIENT` tokens at
     a time): the same loss, statistics and SGD update as the whole batch at once, with the
-    compiled memory of a chunk."""
-    import equinox as eqx
-    import optax
-
-    from eqattn.cli import text_configs
-    from eqattn.cli._models import build_model
-    from eqattn.cli._text import make_text_train_step, windows_per_chunk
-
-    assert [windows_per_chunk(16, c) for c in (256, 1024, 4096, 8192)] == [16, 4, 1, 1]
-    assert windows_per_chunk(6, 1024) == 3  # a divisor of the batch
-    model_config, config = text_configs("deq", context=CONTEXT, dim=8, heads=2)
-    model = build_model(model_config, jax.random.key(0))
-    optimizer = optax.sgd(1.0)  # the update is the gradient itself
-    state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.integers(0, 256, (4, CONTEXT)), jnp.int32)
-    labels = (jnp.asarray(rng.integers(0, 256, x.shape)), jnp.asarray(rng.random(x.shape) < 0.8))
-    args = (model, state, x, (labels[0], labels[1].astype(jnp.float32)), jax.random.key(1), None)
-    runs = {}
-    for tokens in (4 * CONTEXT, CONTEXT):  # the batch at once; one window at a time
-        step = eqx.filter_jit(make_text_train_step(model_config, config, optimizer, tokens))
-        memory = step.lower(*args).compile().compiled.memory_analysis().temp_size_in_bytes
-        runs[tokens] = (memory, step(*args))
-    (whole_memory, whole), (chunk_memory, chunked) = runs[4 * CONTEXT], runs[CONTEXT]
-    assert chunk_memory < 0.6 * whole_memory
-    np.testing.assert_allclose(chunked[2], whole[2], rtol=1e-5)
-    np.testing.assert_allclose(chunked[3], whole[3], rtol=1e-5)
-    params = [jax.tree.leaves(eqx.filter(r[0], eqx.is_inexact_array)) for r in (chunked, whole)]
-    for a, b in zip(*params, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-
-
-def test_the_jacobian_penalty_probes_a_share_of_the_windows():
-    """`jacobian_share` 0.5 probes the first half of the batch's windows: the SGD update is the
-    cross-entropy's (the step at weight 0) plus the weight times the gradient of the penalty on
-    those windows alone, computed here from the model's public `jacobian_penalty`."""
+    compiled memory of a chunk. `jacobian_share` 0.5 probes the batch's first two windows of
+    four: its update differs from the full penalty's by the weight times mean(g_0..g_3) -
+    mean(g_0, g_1), with the windows' penalty gradients g_i computed here from the model's public
+    `jacobian_penalty`."""
     import equinox as eqx
     import optax
 
     from eqattn.cli import text_configs
     from eqattn.cli._models import build_model, predict
-    from eqattn.cli._text import make_text_train_step
+    from eqattn.cli._text import make_text_train_step, windows_per_chunk
 
+    assert [windows_per_chunk(16, c) for c in (256, 1024, 4096, 8192)] == [16, 4, 1, 1]
+    assert windows_per_chunk(6, 1024) == 3  # a divisor of the batch
     fields = dict(context=CONTEXT, dim=8, heads=2)
     model_config, config = text_configs("deq", **fields)
     model = build_model(model_config, jax.random.key(0))
@@ -257,31 +230,42 @@ def test_the_jacobian_penalty_probes_a_share_of_the_windows():
     state = optimizer.init(params(model))
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.integers(0, 256, (4, CONTEXT)), jnp.int32)
-    labels = (jnp.asarray(rng.integers(0, 256, x.shape)), jnp.ones(x.shape, jnp.float32))
-    key, weight = jax.random.key(1), 3.0
+    labels = (jnp.asarray(rng.integers(0, 256, x.shape)), jnp.asarray(rng.random(x.shape) < 0.8))
+    args = (model, state, x, (labels[0], labels[1].astype(jnp.float32)), jax.random.key(1), None)
+    runs, memory = {}, {}
+    for name, tokens, share in [
+        ("whole", 4 * CONTEXT, 1.0),  # the batch at once
+        ("chunked", CONTEXT, 1.0),  # one window at a time
+        ("half probed", 4 * CONTEXT, 0.5),
+    ]:
+        train_config = text_configs("deq", **fields, jacobian_share=share)[1]
+        step = eqx.filter_jit(make_text_train_step(model_config, train_config, optimizer, tokens))
+        if name != "half probed":
+            memory[name] = step.lower(*args).compile().compiled.memory_analysis().temp_size_in_bytes
+        runs[name] = step(*args)
+    whole, chunked = runs["whole"], runs["chunked"]
+    assert memory["chunked"] < 0.6 * memory["whole"]
+    np.testing.assert_allclose(chunked[2], whole[2], rtol=1e-5)
+    np.testing.assert_allclose(chunked[3], whole[3], rtol=1e-5)
+    leaves = {name: jax.tree.leaves(params(run[0])) for name, run in runs.items()}
+    for a, b in zip(leaves["chunked"], leaves["whole"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
-    def update(**more):
-        step = make_text_train_step(
-            model_config, text_configs("deq", **fields, **more)[1], optimizer
-        )
-        new = eqx.filter_jit(step)(model, state, x, labels, key, None)[0]
-        return jax.tree.map(jnp.subtract, params(new), params(model))
-
-    plain = update(jacobian_weight=0.0)
-    shared = update(jacobian_weight=weight, jacobian_share=0.5)
-    keys = jax.random.split(key, (2, 4))  # the step's dropout and probe keys, one per window
+    keys = jax.random.split(jax.random.key(1), (2, 4))  # the step's dropout and probe keys
 
     @eqx.filter_jit
-    @eqx.filter_grad
-    def penalty_grad(model):
-        total = 0.0
-        for i in (0, 1):
-            z = predict(model, x[i], config.train_steps, key=keys[0][i]).fixed_point
-            total += model.jacobian_penalty(x[i], z, key=keys[0][i], probe_key=keys[1][i])
-        return total / 2
+    def penalty_grads(model):
+        def one(xi, ki, pk):
+            z = predict(model, xi, config.train_steps, key=ki).fixed_point
+            grad = eqx.filter_grad(lambda m: m.jacobian_penalty(xi, z, key=ki, probe_key=pk))
+            return params(grad(model))
 
-    term = jax.tree.leaves(jax.tree.map(lambda g: weight * g, params(penalty_grad(model))))
-    assert max(float(jnp.max(jnp.abs(t))) for t in term) > 1e-3  # the penalty counts
+        return jax.vmap(one)(x, keys[0], keys[1])
+
+    g = jax.tree.leaves(penalty_grads(model))
+    weight = config.jacobian_weight
+    assert max(float(jnp.max(jnp.abs(weight * gi))) for gi in g) > 1e-3  # the penalty counts
     # (float32 parameters: an update is a difference of numbers of order 1)
-    for u, s, t in zip(jax.tree.leaves(plain), jax.tree.leaves(shared), term, strict=True):
-        np.testing.assert_allclose(s, u - t, rtol=1e-4, atol=2e-6)
+    for half, full, gi in zip(leaves["half probed"], leaves["whole"], g, strict=True):
+        expected = full + weight * (gi.mean(0) - gi[:2].mean(0))
+        np.testing.assert_allclose(half, expected, rtol=1e-4, atol=2e-6)
