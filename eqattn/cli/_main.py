@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 
 from ._errors import CommandError, Interrupted, UsageError
-from ._models import TEXT_DEFAULTS, ModelConfig
-from ._parser import _train_defaults, parser
+from ._models import ModelConfig, text_defaults
+from ._parser import TASK_OPTIONS, _train_defaults, parser
 
 
 def _distributed(a) -> None:
@@ -44,12 +44,12 @@ def _distributed(a) -> None:
 
 
 def _task_defaults(a) -> None:
-    """Fill the options whose default depends on `--task` and were not given."""
-    defaults = dict(dataclasses.asdict(_train_defaults()), dropout=ModelConfig().dropout)
+    """Fill the options whose default depends on `--task` (and `--model`) and were not given."""
+    defaults = {**dataclasses.asdict(ModelConfig()), **dataclasses.asdict(_train_defaults())}
     defaults["out"] = "runs/digits"
     if a.task == "text":
-        defaults.update(TEXT_DEFAULTS, out="runs/text")
-    for name in ("epochs", "batch_size", "label_smoothing", "dropout", "jacobian_weight", "out"):
+        defaults.update(text_defaults(a.model), out="runs/text")
+    for name in TASK_OPTIONS:
         if getattr(a, name) is None:
             setattr(a, name, defaults[name])
     if a.text is not None and a.task != "text":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._models import ADJOINTS, SOLVERS, TEXT_DEFAULTS, ModelConfig
+from ._models import ADJOINTS, SOLVERS, ModelConfig, text_defaults
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,11 +99,10 @@ def _model_options(tr) -> None:
         "--dropout",
         type=float,
         default=None,
-        help=f"dropout rate (one mask per solve; default: {m.dropout} for digits, "
-        f"{TEXT_DEFAULTS['dropout']} for text)",
+        help=f"dropout rate (one mask per solve; {_by_task('dropout')})",
     )
-    tr.add_argument("--solver", choices=tuple(SOLVERS), default=m.solver)
-    tr.add_argument("--adjoint", choices=ADJOINTS, default=m.adjoint)
+    tr.add_argument("--solver", choices=tuple(SOLVERS), default=None, help=_by_task("solver"))
+    tr.add_argument("--adjoint", choices=ADJOINTS, default=None, help=_by_task("adjoint"))
     tr.add_argument(
         "--rtol", type=float, default=m.rtol, help="solver tolerance (relative residual)"
     )
@@ -125,17 +124,19 @@ def _model_options(tr) -> None:
 def _training_options(tr) -> None:
     """`eqattn train`'s optimisation and DEQ training options (`TrainConfig`)."""
     t = _train_defaults()
-    both = lambda name: f"default: {getattr(t, name)} for digits, {TEXT_DEFAULTS[name]} for text"  # noqa: E731
-    tr.add_argument("--epochs", type=int, default=None, help=both("epochs"))
+    tr.add_argument("--epochs", type=int, default=None, help=_by_task("epochs"))
     tr.add_argument(
         "--epoch-steps",
         type=int,
         default=t.epoch_steps,
         help="text: optimizer steps per epoch (each epoch ends with validation and a checkpoint)",
     )
-    tr.add_argument("--batch-size", type=int, default=None, help=both("batch_size"))
+    tr.add_argument("--batch-size", type=int, default=None, help=_by_task("batch_size"))
     tr.add_argument(
-        "--lr", type=float, default=t.lr, help="peak learning rate (warm-up, cosine decay)"
+        "--lr",
+        type=float,
+        default=None,
+        help=f"peak learning rate (warm-up, cosine decay; {_by_task('lr')})",
     )
     tr.add_argument("--weight-decay", type=float, default=t.weight_decay)
     tr.add_argument("--clip", type=float, default=t.clip, help="gradient-norm clipping (0: off)")
@@ -145,7 +146,7 @@ def _training_options(tr) -> None:
         default=t.shift,
         help="augmentation: random shifts of up to this many pixels",
     )
-    tr.add_argument("--label-smoothing", type=float, default=None, help=both("label_smoothing"))
+    tr.add_argument("--label-smoothing", type=float, default=None, help=_by_task("label_smoothing"))
     tr.add_argument(
         "--train-size", type=int, default=None, help="use only the first N training images"
     )
@@ -168,15 +169,15 @@ def _training_options(tr) -> None:
         type=float,
         default=None,
         help="DEQ: weight of the Jacobian penalty |df/dz|_F^2 at the fixed point (0: off; "
-        + both("jacobian_weight")
+        + _by_task("jacobian_weight")
         + ")",
     )
     tr.add_argument(
         "--jacobian-share",
         type=float,
-        default=t.jacobian_share,
+        default=None,
         help="DEQ: the share of each batch's examples whose fixed points the Jacobian penalty "
-        "probes (default: %(default)s, all)",
+        f"probes ({_by_task('jacobian_share')})",
     )
     tr.add_argument(
         "--corrections",
@@ -273,6 +274,22 @@ def _retrieve_options(re) -> None:
     re.add_argument("--steps", type=int, default=1, help="Hopfield updates per query")
     re.add_argument("--seed", type=int, default=0)
     re.add_argument("--out", default="runs/retrieval", help="output directory (retrieval.png)")
+
+
+TASK_OPTIONS = (
+    *("epochs", "batch_size", "label_smoothing", "dropout", "lr", "solver", "adjoint"),
+    *("jacobian_weight", "jacobian_share", "out"),
+)
+"""`eqattn train`'s options whose default depends on `--task` and `--model` (`None` in the
+parser; `eqattn.cli._main` fills them)."""
+
+
+def _by_task(name: str) -> str:
+    """`name`'s defaults for the digits and for text (the DEQ's: those that differ by model
+    are DEQ options), as a help text's end."""
+    model = ModelConfig()
+    digits = getattr(model if hasattr(model, name) else _train_defaults(), name)
+    return f"default: {digits} for digits, {text_defaults('deq').get(name, digits)} for text"
 
 
 def _train_defaults():

@@ -15,11 +15,11 @@ import optax
 from ._errors import UsageError
 from ._models import (
     NUM_CLASSES,
-    TEXT_DEFAULTS,
     ModelConfig,
     correction_segments,
     predict,
     predict_corrected,
+    text_defaults,
 )
 
 
@@ -90,9 +90,11 @@ class TrainConfig:
 
 def text_configs(model: str = "deq", **fields) -> tuple[ModelConfig, TrainConfig]:
     """The configurations of `eqattn train --task text --model MODEL`: the text task's defaults
-    (5 epochs of 100 steps, batch 16, no dropout or label smoothing, the Jacobian penalty at
-    weight 1 for the DEQ), with `fields` set in whichever of the two configurations has them.
-    The dataclasses' own defaults are the digits'.
+    (`eqattn.cli._models.text_defaults`: 5 epochs of 100 steps, batch 16, no dropout or label
+    smoothing, each model's learning rate, and for the DEQ Anderson's solver, the Jacobian-free
+    backward and the Jacobian penalty at weight 0.1 on an eighth of the windows), with `fields`
+    set in whichever of the two configurations has them. The dataclasses' own defaults are the
+    digits'.
 
     **Example:**
 
@@ -101,7 +103,8 @@ def text_configs(model: str = "deq", **fields) -> tuple[ModelConfig, TrainConfig
 
     model_config, config = cli.text_configs("deq", context=128, epochs=2)
     assert model_config.task == "text" and model_config.dropout == 0.0
-    assert (config.epochs, config.batch_size, config.jacobian_weight) == (2, 16, 1.0)
+    assert (config.epochs, config.batch_size, config.jacobian_weight) == (2, 16, 0.1)
+    assert model_config.adjoint == "jacobian-free" and config.jacobian_share == 0.125
     ```
     """
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -109,7 +112,7 @@ def text_configs(model: str = "deq", **fields) -> tuple[ModelConfig, TrainConfig
     unknown = set(fields) - model_fields - train_fields
     if unknown:
         raise TypeError(f"text_configs: no configuration field {', '.join(sorted(unknown))}")
-    values = {**TEXT_DEFAULTS, **fields}
+    values = {**text_defaults(model), **fields}
     model_config = ModelConfig(
         model=model, task="text", **{k: v for k, v in values.items() if k in model_fields}
     )
