@@ -116,18 +116,8 @@ def attention_with_lse(
     assert jnp.allclose(out[..., 0, :], v[..., 0, :], atol=1e-6)
     ```
     """
-    return _dispatch(
-        queries,
-        keys,
-        values,
-        beta=beta,
-        mask=mask,
-        chunk_size=chunk_size,
-        implementation=implementation,
-        tiling=tiling,
-        need_lse=True,
-        causal=causal,
-    )
+    options = dict(beta=beta, mask=mask, chunk_size=chunk_size, implementation=implementation)
+    return _dispatch(queries, keys, values, **options, tiling=tiling, need_lse=True, causal=causal)
 
 
 def log_normalizer(

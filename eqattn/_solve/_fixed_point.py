@@ -110,6 +110,27 @@ def fixed_point(
     assert jnp.allclose(dz, -z * jnp.sin(z) / (1 + jnp.sin(z)), atol=1e-3)
     ```
     """
+    solver, adjoint = _checked(solver, adjoint)
+    z0 = jax.tree.map(jnp.asarray, z0)
+    _check_structure(fn, z0, args)
+    budget = solver_backend(solver).budget(solver, max_steps)
+    x0, unravel, flat_fn, params = _flattened(fn, z0, args)
+    eq = adjoint.run(flat_fn, params, x0, solve=ForwardSolve(solver, budget), throw=throw)
+    value = unravel(eq.value)
+    if throw:
+        value = eqx.error_if(
+            value,
+            ~eq.converged,
+            "eqattn.fixed_point did not converge: the residual |f(z) - z| stayed above the "
+            "solver's tolerance within max_steps, or f returned NaN/Inf. Inspect the "
+            "Equilibrium (its `result`) returned with throw=False.",
+        )
+    return _with_value(eq, value)
+
+
+def _checked(solver, adjoint):
+    """The solver (default Anderson) and adjoint (default: the solver's), checked, with their
+    float fields made settings."""
     solver = Anderson() if solver is None else solver
     solver_backend(solver)  # checks it
     adjoint = default_adjoint(solver) if adjoint is None else adjoint
@@ -117,11 +138,12 @@ def fixed_point(
         raise ValueError(f"`adjoint` must be an eqattn adjoint; got {adjoint!r}.")
     # Settings, not parameters: `jax.grad` over a layer traces its solver's float fields
     # (tolerances, damping); they take no gradient.
-    solver, adjoint = _settings(solver), _settings(adjoint)
-    z0 = jax.tree.map(jnp.asarray, z0)
-    _check_structure(fn, z0, args)
-    budget = solver_backend(solver).budget(solver, max_steps)
+    return _settings(solver), _settings(adjoint)
 
+
+def _flattened(fn, z0, args):
+    """`(x0, unravel, flat_fn, params)`: the problem on one flat vector, `flat_fn(x, params)`,
+    with `params` holding `args` and the arrays `fn` closes over."""
     x0, unravel = ravel_pytree(z0)
     # A fixed point does not depend on where the search starts: no gradient flows to z0 (also
     # when z0 is computed from the parameters, e.g. a warm start or the input itself).
@@ -140,14 +162,4 @@ def fixed_point(
         fn_, args_ = jax.tree.map(lambda a, b: a[0] if b else a, params, boxed)
         return ravel_pytree(fn_(unravel(x), args_))[0]
 
-    eq = adjoint.run(flat_fn, params, x0, solve=ForwardSolve(solver, budget), throw=throw)
-    value = unravel(eq.value)
-    if throw:
-        value = eqx.error_if(
-            value,
-            ~eq.converged,
-            "eqattn.fixed_point did not converge: the residual |f(z) - z| stayed above the "
-            "solver's tolerance within max_steps, or f returned NaN/Inf. Inspect the "
-            "Equilibrium (its `result`) returned with throw=False.",
-        )
-    return _with_value(eq, value)
+    return x0, unravel, flat_fn, params

@@ -84,18 +84,9 @@ def ring_attention_with_lse(
     engine.check_chunk_size(chunk_size)
     tiling = engine.check_tiling(tiling)
     check_ring_implementation(implementation, queries, keys, values)
+    options = dict(mesh=mesh, axis=axis, causal=causal, chunk_size=chunk_size, tiling=tiling)
     return _ring_attention_with_lse(
-        queries,
-        keys,
-        values,
-        beta,
-        mask,
-        mesh=mesh,
-        axis=axis,
-        causal=causal,
-        chunk_size=chunk_size,
-        tiling=tiling,
-        implementation=implementation,
+        queries, keys, values, beta, mask, **options, implementation=implementation
     )
 
 

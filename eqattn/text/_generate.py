@@ -130,6 +130,33 @@ def _batch(sequences: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndar
     return tokens, lengths
 
 
+def _encoded(model, prompts, tokens, temperature, top_k) -> list[list[int]]:
+    """`generate`'s arguments checked, and each prompt as `START` and its bytes (cut from the
+    left to the model's context, with a warning)."""
+    import warnings
+
+    from ..nn._generate import check_language_model
+
+    check_language_model(model)
+    if tokens < 0:
+        raise ValueError(f"`tokens` must be >= 0; got {tokens}.")
+    if not temperature >= 0:
+        raise ValueError(f"`temperature` must be >= 0; got {temperature}.")
+    if top_k is not None and not 1 <= top_k <= BYTES:
+        raise ValueError(f"`top_k` must be in [1, {BYTES}]; got {top_k}.")
+    if not prompts:
+        raise ValueError("`prompt` is an empty list.")
+    context = model.embedding.max_len
+    encoded = [encode(p, context) for p in prompts]
+    if any(cut for _, cut in encoded):
+        warnings.warn(
+            f"a prompt is longer than the model's context ({context} bytes, START included): "
+            "its start is cut off.",
+            stacklevel=3,
+        )
+    return [list(symbols) for symbols, _ in encoded]
+
+
 def generate(
     model,
     prompt: str | bytes | Sequence[str | bytes],
@@ -172,37 +199,16 @@ def generate(
     assert len(out.text) == 20 and out.converged.all()
     ```
     """
-    import warnings
-
     import jax
 
-    from ..nn._generate import check_language_model
-
-    check_language_model(model)
-    if tokens < 0:
-        raise ValueError(f"`tokens` must be >= 0; got {tokens}.")
-    if not temperature >= 0:
-        raise ValueError(f"`temperature` must be >= 0; got {temperature}.")
-    if top_k is not None and not 1 <= top_k <= BYTES:
-        raise ValueError(f"`top_k` must be in [1, {BYTES}]; got {top_k}.")
     single = isinstance(prompt, str | bytes)
-    prompts = [prompt] if single else list(prompt)
-    if not prompts:
-        raise ValueError("`prompt` is an empty list.")
+    history = _encoded(model, [prompt] if single else list(prompt), tokens, temperature, top_k)
     context = model.embedding.max_len
-    encoded = [encode(p, context) for p in prompts]
-    if any(cut for _, cut in encoded):
-        warnings.warn(
-            f"a prompt is longer than the model's context ({context} bytes, START included): "
-            "its start is cut off.",
-            stacklevel=2,
-        )
-    history = [list(symbols) for symbols, _ in encoded]
     prefill, extend, sample = _steps()
     batch = _batch([np.array(h) for h in history], context)
     logits, cache, stats = prefill(model, *batch, max_steps)
     key = jax.random.key(0) if key is None else key
-    out, steps, converged = [[] for _ in prompts], [], []
+    out, steps, converged = [[] for _ in history], [], []
     for i in range(tokens):
         steps.append(np.asarray(stats.steps))  # the solve whose logits this token comes from
         converged.append(np.asarray(stats.converged))
@@ -222,8 +228,8 @@ def generate(
             logits, cache, stats = extend(
                 model, jax.numpy.asarray(new), cache, warm_start, max_steps
             )
-    steps = np.stack(steps, -1) if steps else np.zeros((len(prompts), 0), np.int32)
-    converged = np.stack(converged, -1) if converged else np.zeros((len(prompts), 0), bool)
+    steps = np.stack(steps, -1) if steps else np.zeros((len(history), 0), np.int32)
+    converged = np.stack(converged, -1) if converged else np.zeros((len(history), 0), bool)
     texts = [bytes(row) for row in out]
     if single:
         return Generated(texts[0], steps[0], converged[0])
