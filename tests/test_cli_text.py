@@ -206,6 +206,24 @@ def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
         text_configs(model, contxt=64)
 
 
+def test_the_digits_defaults_are_the_dataclasses(monkeypatch, tmp_path):
+    """`eqattn train` (the digits) trains with `ModelConfig()` and `TrainConfig()` as they
+    are, for either model: the options whose default depends on the task (None in the parser)
+    take the digits' values, not the text task's."""
+    from eqattn.cli import ModelConfig, TrainConfig
+
+    seen = []
+
+    def fake_train(model_config, config, out, **kwargs):
+        seen.append((model_config, config))
+        raise CommandError("stop here")
+
+    monkeypatch.setattr(train_module, "train", fake_train)
+    for model in ("deq", "explicit"):
+        assert main(["train", "--model", model, "--out", str(tmp_path)])
+        assert seen.pop() == (ModelConfig(model=model), TrainConfig())
+
+
 def test_a_long_context_step_differentiates_in_chunks_and_the_penalty_probes_a_share():
     """The text step sums its gradient over chunks of windows (`TOKENS_PER_GRADIENT` tokens at
     a time): the same loss, statistics and SGD update as the whole batch at once, with the

@@ -39,8 +39,8 @@ TEXT_DEFAULTS = {
 }
 # The DEQ's own. Picard's solves diverged mid-run at learning rates >= 6e-3 whatever the
 # penalty's weight (0.1-1) or share (0.125-0.5); Anderson's converged. The implicit backward
-# (4 Anderson steps) left 64% of the test solves unconverged at 1e-2; the Jacobian-free one
-# (one VJP) converged them all, in about the explicit model's training time. The Jacobian
+# (4 Anderson steps) left 36% of the test solves unconverged at 1e-2 (64% converged); the
+# Jacobian-free one (one VJP) converged them all, in about the explicit model's training time. The Jacobian
 # penalty probes an eighth of each batch's windows (the same bits per byte as all of them, at
 # an eighth of its cost); its weight trades bits per byte against solver steps (seed 0):
 # 3.35 at 0.3, 3.31 at 0.1 (all training solves converged within 10 steps), 3.29 at 0.03 (half

@@ -91,7 +91,7 @@ class TrainConfig:
 def text_configs(model: str = "deq", **fields) -> tuple[ModelConfig, TrainConfig]:
     """The configurations of `eqattn train --task text --model MODEL`: the text task's defaults
     (`eqattn.cli._models.text_defaults`: 5 epochs of 100 steps, batch 16, no dropout or label
-    smoothing, each model's learning rate, and for the DEQ Anderson's solver, the Jacobian-free
+    smoothing, learning rate 1e-2, and for the DEQ Anderson's solver, the Jacobian-free
     backward and the Jacobian penalty at weight 0.1 on an eighth of the windows), with `fields`
     set in whichever of the two configurations has them. The dataclasses' own defaults are the
     digits'.
