@@ -26,6 +26,8 @@ def _layers(key):
     return {
         "ImplicitAttention": enn.ImplicitAttention(8, 2, key=k1, solver=solver, dtype=F64),
         "DEQBlock": enn.DEQBlock(8, 2, key=k2, solver=solver, dtype=F64),
+        # a cell of two untied blocks (the second without the injection)
+        "DEQBlock cell": enn.DEQBlock(8, 2, key=k2, solver=solver, depth=2, dtype=F64),
         "Hopfield": enn.Hopfield(8, 6, 2, key=k3, solver=solver, dtype=F64),
         "EnergyAttention": enn.EnergyAttention(
             8, 2, key=k4, num_memories=4, solver=eqattn.Picard(**TIGHT, max_steps=400), dtype=F64
@@ -41,7 +43,9 @@ def _with_adjoint(layer, adjoint):
     return eqx.tree_at(lambda m: m.adjoint, layer, adjoint)
 
 
-@pytest.mark.parametrize("name", ["ImplicitAttention", "DEQBlock", "Hopfield", "EnergyAttention"])
+@pytest.mark.parametrize(
+    "name", ["ImplicitAttention", "DEQBlock", "DEQBlock cell", "Hopfield", "EnergyAttention"]
+)
 def test_implicit_gradient_matches_unrolled_and_finite_differences(getkey, name):
     layer = _layers(getkey())[name]
     x = jax.random.normal(getkey(), (5, 8), F64)
@@ -430,6 +434,22 @@ def test_explicit_transformer_baseline(getkey):
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
     with pytest.raises(ValueError, match="`depth` must be >= 1"):
         enn.Transformer(3, 16, 2, 0, key=getkey(), in_features=6)
+    # a DEQ cell of depth 3: the first block's map (with the injection), then two explicit
+    # blocks; its leaves are a depth-1 block's, then the cell's
+    cell = enn.DEQBlock(16, 2, key=getkey(), depth=3, dropout=0.1)
+    first = eqx.tree_at(lambda b: b.cell, cell, ())
+    inj = jax.random.normal(getkey(), (7, 16))
+    expected = cell.cell[1](cell.cell[0](first.step(z, inj), inference=True), inference=True)
+    np.testing.assert_allclose(cell.step(z, inj), expected, rtol=1e-6, atol=1e-6)
+    assert cell.depth == 3 and first.depth == 1
+    leaves, first_leaves = jax.tree.leaves(cell), jax.tree.leaves(first)
+    assert len(leaves) > len(first_leaves)
+    assert all(a is b for a, b in zip(leaves, first_leaves))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="`depth`"):
+            enn.DEQBlock(16, 2, key=getkey(), depth=bad)
+    with pytest.raises(ValueError, match="one KeyValues per block of the cell"):
+        cell.equilibrium(z, prefix=cell.key_values(z))
     with pytest.raises(ValueError, match=r"`x` must have shape \[n, 6\]"):
         model(jnp.ones((7, 5)))
 

@@ -100,11 +100,13 @@ def test_training_windows_stay_in_one_document():
 
 
 def _models(dtype=jnp.float64):
+    """An explicit model, a DEQ and a DEQ whose map is a cell of two blocks."""
     kw = dict(vocab_size=11, max_len=12, pooling="none", causal=True, dtype=dtype)
     explicit = eqattn.nn.Transformer(11, 16, 2, 2, key=jax.random.key(0), **kw)
     solver = eqattn.Anderson(rtol=TIGHT, atol=TIGHT, max_steps=300)
     deq = eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(1), solver=solver, **kw)
-    return explicit, deq
+    cell = eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(2), solver=solver, depth=2, **kw)
+    return explicit, deq, cell
 
 
 def test_causal_models_see_no_later_token():
@@ -122,11 +124,12 @@ def test_causal_models_see_no_later_token():
 def test_cache_matches_the_full_forward_pass():
     """Explicit: the key/value cache gives the full pass's logits to round-off. Implicit: each
     token's row solved against the cache of the earlier fixed points gives the joint solve's
-    state to the solvers' tolerance."""
+    state to the solvers' tolerance (also with a cell of two blocks, whose cache holds each
+    block's keys and values)."""
     tokens = jnp.array([3, 1, 4, 1, 5, 9, 2, 6])
-    explicit, deq = _models()
+    explicit, deq, cell = _models()
     prefill, extend = eqx.filter_jit(eqattn.nn.prefill), eqx.filter_jit(eqattn.nn.extend)
-    for model, tol in ((explicit, 1e-12), (deq, 1e-8)):
+    for model, tol in ((explicit, 1e-12), (deq, 1e-8), (cell, 1e-8)):
         full = eqx.filter_jit(lambda x, model=model: model(x))(tokens)
         logits, cache, _ = prefill(model, tokens[:3])
         rows = [*logits]

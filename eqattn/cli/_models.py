@@ -75,6 +75,8 @@ class ModelConfig:
     dim: int = 64
     heads: int = 4
     depth: int = 4  # explicit model: blocks
+    # DEQ model: the blocks of the map's cell (1: one weight-tied block; see eqattn.nn.DEQBlock)
+    cell_depth: int = 1
     dropout: float = 0.2
     # Chosen by `python -m benchmarks training` (CPU, 5 seeds; benchmarks/results/
     # training-cpu-cpu.json): with the training budget of TrainConfig, 0.43x the training time
@@ -112,7 +114,7 @@ class ModelConfig:
             )
         if self.backward_steps is not None and self.backward_steps < 1:
             raise UsageError(f"--backward-steps must be >= 1; got {self.backward_steps}")
-        for name in ("dim", "heads", "depth", "max_steps"):
+        for name in ("dim", "heads", "depth", "cell_depth", "max_steps"):
             if getattr(self, name) < 1:
                 raise UsageError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
@@ -200,6 +202,7 @@ def build_model(
             solver=solver_of(config),
             adjoint=adjoint_of(config),
             dropout=config.dropout,
+            depth=config.cell_depth,
             **common,
         )
     width, mlp_ratio = explicit_shape(config) if width is None else (width, mlp_ratio)

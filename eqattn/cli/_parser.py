@@ -96,6 +96,13 @@ def _model_options(tr) -> None:
         help="blocks of the explicit model (its width matches the DEQ's parameters)",
     )
     tr.add_argument(
+        "--cell-depth",
+        type=int,
+        default=m.cell_depth,
+        help="blocks of the DEQ model's map, iterated together to the fixed point (1: one "
+        "weight-tied block)",
+    )
+    tr.add_argument(
         "--dropout",
         type=float,
         default=None,

@@ -3,8 +3,11 @@ r"""A weight-tied DEQ transformer block and a model around it.
 Post-norm (default): $u = \mathrm{RN}(z + \mathrm{MHA}(z) + Ux)$, $z' = \mathrm{RN}(u + \mathrm{MLP}(u))$.
 Pre-norm (`norm_first=True`): $u = z + \mathrm{MHA}(\mathrm{RN}(z)) + Ux$,
 $z' = \mathrm{RN}(u + \mathrm{MLP}(\mathrm{RN}(u)))$ (the last RN keeps the map bounded).
-The block's output is the fixed point $z^* = z'(z^*)$ (S. Bai, J. Z. Kolter, V. Koltun, "Deep
-Equilibrium Models", 2019).
+With `depth` $L > 1$ the map is a cell: $z'$ then goes through $L - 1$ untied blocks
+$B_2, \dots, B_L$ of [`eqattn.nn.TransformerBlock`][] (no injection), $f = B_L \circ \dots \circ
+B_2 \circ B_1$ (a multi-layer cell, as in S. Bai, V. Koltun, J. Z. Kolter, "Multiscale Deep
+Equilibrium Models", 2020). The block's output is the fixed point $z^* = f(z^*)$ (S. Bai,
+J. Z. Kolter, V. Koltun, "Deep Equilibrium Models", 2019).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
 from ..parallel import SequenceSplit
-from ._block import AbstractBlock, check_dropout
+from ._block import AbstractBlock, DropoutMasks, check_dropout
 from ._implicit import Norm, check_norm
 from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding, token_io
 from ._layer import AbstractEquilibriumLayer, AbstractSolved
@@ -43,6 +46,7 @@ from ._multihead import (
     per_token,
     shard_tokens,
 )
+from ._transformer import TransformerBlock
 
 
 class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
@@ -56,7 +60,9 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     `sequence`, an [`eqattn.parallel.SequenceSplit`][]: the tokens split over a mesh axis (ring
     attention, the solve on the sharded state); `implementation`, the attention kernel (see
     [`eqattn.select_implementation`][]); `causal`: token $i$ attends to tokens $\\le i$ only,
-    so its fixed point depends on them alone (a language model's block; `norm="layer"` only).
+    so its fixed point depends on them alone (a language model's block; `norm="layer"` only);
+    `depth`, the blocks of the map's cell (see the module docstring; `cell` holds the
+    second to the last, the block's own attention and MLP are the first).
 
     **Example:**
 
@@ -90,6 +96,8 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     norm: str = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
     dim: int = eqx.field(static=True)
+    # last, so that a block of depth 1 has the leaves (and checkpoints) it had before cells
+    cell: tuple[TransformerBlock, ...] = ()
 
     def __init__(
         self,
@@ -108,11 +116,13 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         sequence: SequenceSplit | None = None,
         implementation: Implementation = "auto",
         causal: bool = False,
+        depth: int = 1,
         dtype=None,
     ):
         check_dims(dim, num_heads)
         check_norm(norm, causal)
         check_dropout(dropout)
+        _check_depth(depth, sequence)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, ki, k1, k2 = jax.random.split(key, 4)
         self.attention = MultiHeadAttention(
@@ -139,24 +149,85 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         self.norm = norm
         self.throw = throw
         self.dim = dim
+        self.cell = tuple(
+            TransformerBlock(
+                dim,
+                num_heads,
+                key=k,
+                mlp_ratio=mlp_ratio,
+                norm_first=norm_first,
+                norm=norm,
+                dropout=dropout,
+                inference=inference,
+                causal=causal,
+                implementation=implementation,
+                dtype=dtype,
+            )
+            for k in jax.random.split(jax.random.fold_in(key, 1), depth - 1)
+        )
+
+    @property
+    def depth(self) -> int:
+        """The blocks of the map's cell."""
+        return 1 + len(self.cell)
 
     def injection(self, x: Float[Array, "n dim"]) -> Float[Array, "n dim"]:
         """The input injection $Ux$: a linear map then a layer norm (with learned affine)."""
         return jax.vmap(self.inject_norm)(per_token(self.inject, x))
 
+    def _layers(self, z, injection, mask, drop, prefix):
+        """The cell's blocks in turn: the inputs of each and the last one's output."""
+        drop = (None,) * self.depth if drop is None else drop
+        prefix = (None,) * self.depth if prefix is None else _per_block(prefix, self.depth)
+        inputs = [z]
+        out = self.sublayers(z, injection, mask, drop[0], prefix[0])
+        for block, d, p in zip(self.cell, drop[1:], prefix[1:]):
+            inputs.append(out)
+            out = block.sublayers(out, mask=mask, drop=d, prefix=p)
+        return inputs, out
+
     def step(self, z, injection, mask=None, drop=None, prefix=None):
         """One application of the block's map (see the module docstring); `prefix`, the
-        `key_values` (the block's method) of earlier tokens' fixed points."""
-        out = self.sublayers(z, injection, mask, drop, prefix)
+        `cache` (the block's method) of earlier tokens' fixed points."""
+        out = self._layers(z, injection, mask, drop, prefix)[1]
         return shard_tokens(self.attention.sequence, out)
 
+    def cache(
+        self,
+        x: Float[Array, "n dim"],
+        z: Float[Array, "n dim"],
+        *,
+        mask: Bool[Array, "n m"] | None = None,
+        prefix: KeyValues | tuple[KeyValues, ...] | None = None,
+    ) -> tuple[KeyValues, ...]:
+        """The keys and values, one `KeyValues` per block of the cell, that later tokens attend
+        to: those of each block's input when the map is applied at the fixed points `z` of the
+        tokens `x` (`mask` and `prefix` as in [`equilibrium`][eqattn.nn.DEQBlock.equilibrium]).
+        With `depth` 1 it is `(key_values(z),)`; a deeper cell's later blocks see states that
+        depend on the earlier tokens too, hence `x`, `mask` and `prefix`."""
+        if not self.cell:
+            return (self.key_values(z),)
+        injection, mask, drop = self._prepare(x, mask, None, True, prefix)
+        inputs = self._layers(z, injection, mask, drop, prefix)[0]
+        blocks = (self, *self.cell)
+        return tuple(b.key_values(u) for b, u in zip(blocks, inputs))
+
     def _prepare(self, x, mask, key, inference, prefix=None):
-        """The solve's arguments: the injection, the mask and the dropout masks."""
+        """The solve's arguments: the injection, the mask and the dropout masks (one pair per
+        block of the cell, or None)."""
         check_tokens(x, self.dim)
         n = x.shape[0]
-        mask = check_mask(mask, n, n + (0 if prefix is None else prefix.keys.shape[1]))
+        past = 0 if prefix is None else _per_block(prefix, self.depth)[0].keys.shape[1]
+        mask = check_mask(mask, n, n + past)
         injection = shard_tokens(self.attention.sequence, self.injection(x))
-        return injection, mask, self.dropout_masks(key, inference, n, injection.dtype)
+        return injection, mask, self._dropout(key, inference, n, injection.dtype)
+
+    def _dropout(self, key, inference, n, dtype) -> tuple[DropoutMasks | None, ...] | None:
+        first = self.dropout_masks(key, inference, n, dtype)
+        if first is None:
+            return None
+        keys = jax.random.split(jax.random.fold_in(key, 1), len(self.cell))
+        return (first, *(b.dropout_masks(k, inference, n, dtype) for b, k in zip(self.cell, keys)))
 
     def equilibrium(
         self,
@@ -167,14 +238,14 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         inference: bool | None = None,
         z0: Float[Array, "n dim"] | None = None,
         max_steps: int | None = None,
-        prefix: KeyValues | None = None,
+        prefix: KeyValues | tuple[KeyValues, ...] | None = None,
     ) -> Equilibrium:
         """Solve for $z^*$. Dropout (when `dropout > 0`, `key` given and not `inference`) draws
         its masks once here and keeps them for every iteration of this solve.
 
-        `prefix`, the `key_values` (the block's method) of `p` earlier
-        tokens' fixed points, solves only the rows of `x`, attending to those tokens as well
-        (then `mask` is `[n, p + n]`). In a causal block a token's fixed point depends only on
+        `prefix`, the [`cache`][eqattn.nn.DEQBlock.cache] of `p` earlier tokens' fixed points
+        (for `depth` 1 also their `key_values`), solves only the rows of `x`, attending to those
+        tokens as well (then `mask` is `[n, p + n]`). In a causal block a token's fixed point depends only on
         the tokens up to it, so solving new tokens against the cache of the earlier ones gives
         the joint solve's fixed point (to the solver's tolerance) at the cost of their rows:
         cached generation."""
@@ -259,6 +330,23 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
             samples=samples,
         )
         return penalty / z.size
+
+
+def _check_depth(depth, sequence) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"`depth` (blocks of the cell) must be an int >= 1; got {depth!r}.")
+    if depth > 1 and sequence is not None:
+        raise ValueError("`depth` > 1 does not combine with `sequence` (ring attention).")
+
+
+def _per_block(prefix, depth: int) -> tuple[KeyValues, ...]:
+    """`prefix` as one `KeyValues` per block of the cell (a bare `KeyValues`: depth 1)."""
+    prefix = (prefix,) if isinstance(prefix, KeyValues) else tuple(prefix)
+    if len(prefix) != depth:
+        raise ValueError(
+            f"`prefix` must hold one KeyValues per block of the cell ({depth}); got {len(prefix)}."
+        )
+    return prefix
 
 
 def _check_start(z0, h):

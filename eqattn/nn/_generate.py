@@ -3,7 +3,8 @@ r"""Generation with a cache, for causal token models ([`eqattn.nn.DEQTransformer
 
 The explicit model caches, per block, the keys and values of the earlier tokens' inputs to that
 block: the usual key/value cache. The implicit model caches the keys and values of the earlier
-tokens' **fixed points** (an equilibrium cache). Under a causal mask token $t$'s fixed point
+tokens' **fixed points** (an equilibrium cache; for a cell of several blocks, those of each
+block's input when the map is applied at the fixed points). Under a causal mask token $t$'s fixed point
 $z_t^* = f_t(z_{\le t}^*)$ depends on the tokens up to $t$ alone, so a new token's row is solved
 by itself against the cache: each solver step costs $O(t)$ instead of re-solving all $t$ rows.
 The joint solve stops on a test over all its rows, so the two agree to the solver's tolerance,
@@ -27,7 +28,7 @@ from ._transformer import Transformer
 
 class GenerationCache(eqx.Module):
     """What `extend` needs of the tokens so far: the keys and values per block
-    (`[blocks, heads, max_len, d]`; one block for the implicit model), how many tokens they
+    (`[blocks, heads, max_len, d]`; the implicit model's cell's blocks), how many tokens they
     hold, and the last token's fixed point (the implicit model's warm start).
 
     **Example:**
@@ -127,7 +128,7 @@ def prefill(
     if isinstance(model, DEQTransformer):
         eq = model.block.equilibrium(h, inference=True, max_steps=max_steps)
         z = eq.value
-        kvs = [model.block.key_values(z)]
+        kvs = list(model.block.cache(h, z))
         stats = Step(eq.steps, eq.relative_residual, eq.converged)
     else:
         kvs = []
@@ -193,13 +194,13 @@ def extend(
     h, _ = model.embedding(jnp.reshape(token, (1,)), offset=cache.length)
     seen = jnp.concatenate([jnp.arange(size) < cache.length, jnp.ones(1, bool)])[None]
     if isinstance(model, DEQTransformer):
-        prefix = KeyValues(cache.keys[0], cache.values[0])
+        prefix = tuple(KeyValues(k, v) for k, v in zip(cache.keys, cache.values))
         z0 = cache.state[None] if warm_start else None
         eq = model.block.equilibrium(
             h, mask=seen, prefix=prefix, z0=z0, inference=True, max_steps=max_steps
         )
         z = eq.value
-        kvs = [model.block.key_values(z)]
+        kvs = list(model.block.cache(h, z, mask=seen, prefix=prefix))
         stats = Step(eq.steps, eq.relative_residual, eq.converged)
     else:
         kvs = []

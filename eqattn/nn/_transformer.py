@@ -12,6 +12,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from .._attention import Implementation
 from ._block import AbstractBlock, check_dropout
 from ._implicit import Norm, check_norm
 from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding, token_io
@@ -19,8 +20,8 @@ from ._multihead import MultiHeadAttention, check_dims
 
 
 class TransformerBlock(AbstractBlock):
-    """One explicit block: attention and MLP sublayers with residuals and RN; `dropout` and
-    `inference` as in [`eqattn.nn.DEQBlock`][].
+    """One explicit block: attention and MLP sublayers with residuals and RN; `dropout`,
+    `inference`, `causal` and `implementation` as in [`eqattn.nn.DEQBlock`][].
 
     **Example:**
 
@@ -53,6 +54,7 @@ class TransformerBlock(AbstractBlock):
         dropout=0.0,
         inference=False,
         causal=False,
+        implementation: Implementation = "auto",
         dtype=None,
     ):
         check_dims(dim, num_heads)
@@ -60,7 +62,9 @@ class TransformerBlock(AbstractBlock):
         check_dropout(dropout)
         hidden = max(1, int(round(mlp_ratio * dim)))
         ka, k1, k2 = jax.random.split(key, 3)
-        self.attention = MultiHeadAttention(num_heads, dim, key=ka, causal=causal, dtype=dtype)
+        self.attention = MultiHeadAttention(
+            num_heads, dim, key=ka, causal=causal, implementation=implementation, dtype=dtype
+        )
         self.mlp_in = eqx.nn.Linear(dim, hidden, key=k1, dtype=dtype)
         self.mlp_out = eqx.nn.Linear(hidden, dim, key=k2, dtype=dtype)
         self.norm_first = norm_first
