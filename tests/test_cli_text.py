@@ -66,8 +66,9 @@ def _bits_by_hand(model, documents) -> float:
 
 def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     out = tmp_path / "run"
+    # a DEQ whose map is a cell of two blocks (the digits' and the other text runs have one)
     argv = ["train", *TINY, "--text", str(corpus), "--out", str(out), "--jacobian-weight", "1"]
-    assert main(argv) == 0
+    assert main([*argv, "--cell-depth", "2"]) == 0
     printed = capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text())
     for h in metrics["history"]:  # the loss holds the Jacobian penalty beyond the bits
@@ -77,6 +78,7 @@ def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     assert metrics["test_scored_bytes"] == loaded.info["bytes"]["test"]
     assert metrics["evaluation"]["context"] == CONTEXT and metrics["evaluation"]["stride"] == 8
     model = text.load_model(out)
+    assert model.block.depth == 2 and metrics["model_shape"] == {"dim": 8, "cell_depth": 2}
     expected = _bits_by_hand(model, loaded.test)
     assert metrics["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
     assert f"test {metrics['test_bits_per_byte']:.3f} bits per byte" in printed

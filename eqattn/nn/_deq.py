@@ -46,7 +46,7 @@ from ._multihead import (
     per_token,
     shard_tokens,
 )
-from ._transformer import TransformerBlock
+from ._transformer import TransformerBlock, stack
 
 
 class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
@@ -149,21 +149,18 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         self.norm = norm
         self.throw = throw
         self.dim = dim
-        self.cell = tuple(
-            TransformerBlock(
-                dim,
-                num_heads,
-                key=k,
-                mlp_ratio=mlp_ratio,
-                norm_first=norm_first,
-                norm=norm,
-                dropout=dropout,
-                inference=inference,
-                causal=causal,
-                implementation=implementation,
-                dtype=dtype,
-            )
-            for k in jax.random.split(jax.random.fold_in(key, 1), depth - 1)
+        self.cell = stack(
+            jax.random.split(jax.random.fold_in(key, 1), depth - 1),
+            dim,
+            num_heads,
+            mlp_ratio=mlp_ratio,
+            norm_first=norm_first,
+            norm=norm,
+            dropout=dropout,
+            inference=inference,
+            causal=causal,
+            implementation=implementation,
+            dtype=dtype,
         )
 
     @property

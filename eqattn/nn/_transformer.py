@@ -87,6 +87,11 @@ class TransformerBlock(AbstractBlock):
         return self.sublayers(z, mask=mask, drop=drop, prefix=prefix)
 
 
+def stack(keys: PRNGKeyArray, dim: int, num_heads: int, **kwargs) -> tuple[TransformerBlock, ...]:
+    """One `TransformerBlock(dim, num_heads, key=k, **kwargs)` per key of `keys`."""
+    return tuple(TransformerBlock(dim, num_heads, key=k, **kwargs) for k in keys)
+
+
 class Transformer(AbstractTransformer):
     """Embedding -> position embedding -> `depth` explicit blocks -> pooling -> head.
 
@@ -144,20 +149,17 @@ class Transformer(AbstractTransformer):
             pooling=pooling,
             dtype=dtype,
         )
-        self.blocks = tuple(
-            TransformerBlock(
-                dim,
-                num_heads,
-                key=k,
-                mlp_ratio=mlp_ratio,
-                norm_first=norm_first,
-                norm=norm,
-                dropout=dropout,
-                inference=inference,
-                causal=causal,
-                dtype=dtype,
-            )
-            for k in keys[4:]
+        self.blocks = stack(
+            keys[4:],
+            dim,
+            num_heads,
+            mlp_ratio=mlp_ratio,
+            norm_first=norm_first,
+            norm=norm,
+            dropout=dropout,
+            inference=inference,
+            causal=causal,
+            dtype=dtype,
         )
 
     def apply_blocks(self, h, mask, *, key=None, inference=None):
