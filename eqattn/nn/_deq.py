@@ -221,8 +221,8 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
 
     def _dropout(self, key, inference, n, dtype) -> tuple[DropoutMasks | None, ...] | None:
         first = self.dropout_masks(key, inference, n, dtype)
-        if first is None:
-            return None
+        if first is None or not self.cell:
+            return None if first is None else (first,)
         keys = jax.random.split(jax.random.fold_in(key, 1), len(self.cell))
         return (first, *(b.dropout_masks(k, inference, n, dtype) for b, k in zip(self.cell, keys)))
 
@@ -242,10 +242,10 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
 
         `prefix`, the [`cache`][eqattn.nn.DEQBlock.cache] of `p` earlier tokens' fixed points
         (for `depth` 1 also their `key_values`), solves only the rows of `x`, attending to those
-        tokens as well (then `mask` is `[n, p + n]`). In a causal block a token's fixed point depends only on
-        the tokens up to it, so solving new tokens against the cache of the earlier ones gives
-        the joint solve's fixed point (to the solver's tolerance) at the cost of their rows:
-        cached generation."""
+        tokens as well (then `mask` is `[n, p + n]`). In a causal block a token's fixed point
+        depends only on the tokens up to it, so solving new tokens against the cache of the
+        earlier ones gives the joint solve's fixed point (to the solver's tolerance) at the cost
+        of their rows: cached generation."""
         injection, mask, drop = self._prepare(x, mask, key, inference, prefix)
         z0 = jnp.zeros_like(injection) if z0 is None else z0
         return self.solve(DEQBlock.step, z0, injection, mask, drop, prefix, max_steps=max_steps)

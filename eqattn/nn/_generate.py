@@ -4,10 +4,10 @@ r"""Generation with a cache, for causal token models ([`eqattn.nn.DEQTransformer
 The explicit model caches, per block, the keys and values of the earlier tokens' inputs to that
 block: the usual key/value cache. The implicit model caches the keys and values of the earlier
 tokens' **fixed points** (an equilibrium cache; for a cell of several blocks, those of each
-block's input when the map is applied at the fixed points). Under a causal mask token $t$'s fixed point
-$z_t^* = f_t(z_{\le t}^*)$ depends on the tokens up to $t$ alone, so a new token's row is solved
-by itself against the cache: each solver step costs $O(t)$ instead of re-solving all $t$ rows.
-The joint solve stops on a test over all its rows, so the two agree to the solver's tolerance,
+block's input when the map is applied at the fixed points). Under a causal mask token $t$'s
+fixed point $z_t^* = f_t(z_{\le t}^*)$ depends on the tokens up to $t$ alone, so a new token's
+row is solved by itself against the cache: each solver step costs $O(t)$ instead of
+re-solving all $t$ rows. The joint solve stops on a test over all its rows, so the two agree to the solver's tolerance,
 not bit for bit.
 
 `prefill` and `extend` act on one sequence (`jax.vmap` them for a batch); the cache has room for
