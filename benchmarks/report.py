@@ -557,7 +557,31 @@ def _text_paired(payload) -> str:
     if rows[2:]:
         met = [f"`{r['case']}`" for r in rows[2:] if r["meets_target"]]
         paired += f" Candidates that meet it: {', '.join(met) or 'none'}."
-    return paired
+    return paired + _text_curves(rows)
+
+
+def _text_curves(rows) -> str:
+    """The paired runs' learning curves (results files from before they were recorded: none)."""
+    rows = [r for r in rows if "validation_bpb_by_epoch" in r]
+    if not rows:
+        return ""
+
+    def cells(r):
+        conv = r.get("train_converged_by_epoch")
+        return [
+            f"{b:.3f}" + ("" if conv is None else f" ({c:.0%})")
+            for b, c in zip(r["validation_bpb_by_epoch"], conv or r["validation_bpb_by_epoch"])
+        ]
+
+    epochs = len(rows[0]["validation_bpb_by_epoch"])
+    table = _table(
+        ["model", "case", *(f"epoch {e}" for e in range(1, epochs + 1))],
+        [[r["model"], r.get("case", "defaults"), *cells(r)] for r in rows],
+    )
+    return (
+        "\n\nValidation bits per byte after each epoch, the mean over the seeds (in brackets, "
+        "the DEQ's training solves of that epoch that converged):\n\n" + table
+    )
 
 
 def text(payload) -> str:

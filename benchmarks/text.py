@@ -65,6 +65,11 @@ CANDIDATES: tuple[dict, ...] = (
     # parameters (one-seed trials: 3.20 bits per byte against the single block's 3.31, at
     # 1.8x the explicit model's training time; four blocks of width 40, its own, 3.16 at 3.5x)
     dict(cell_depth=2, dim=52),
+    # the phantom gradient through two steps from the fixed point: unlike the Jacobian-free
+    # backward's one step, it carries the composition of one step's attention with the next's
+    # (one seed: 3.29 bits per byte, but from the third epoch the training solves stop
+    # converging within their 10 steps; with --jacobian-weight 0.5 they converge, at 3.34)
+    dict(adjoint="phantom", phantom_steps=2),
 )
 """DEQ settings other than the command's defaults, each trained over the same seeds and paired
 with the same explicit runs (full run only): the options that may move a default."""
@@ -115,13 +120,22 @@ def _paired_row(model: str, case: str, results: dict, explicit: dict) -> dict:
         "test_converged": statistics.mean(r.get("test_converged", 1.0) for r in m),
         "step_temp_mb": m[0]["step_temp_memory_mb"],
         "model_shape": m[0]["model_shape"],
+        # learning curves, means over the seeds: validation bits per byte after each epoch and
+        # (the DEQ's) share of that epoch's training solves that converged
+        "validation_bpb_by_epoch": _by_epoch(m, "validation_bits_per_byte"),
     }
     if model == "deq":
+        row["train_converged_by_epoch"] = _by_epoch(m, "converged")
         row["meets_target"] = (
             row["bpb_minus_explicit"] <= TARGET_BPB
             and row["train_ratio_to_explicit"] <= TARGET_TIME
         )
     return row
+
+
+def _by_epoch(runs: list[dict], field: str) -> list[float]:
+    """`field` of each epoch's history entry, the mean over `runs`."""
+    return [statistics.mean(h[field] for h in hs) for hs in zip(*(r["history"] for r in runs))]
 
 
 def _step(model_config, config, batch):
@@ -303,6 +317,11 @@ def _print(rows) -> None:
             ("params", "params", ",d"),
         ],
     )
+    print("\nvalidation bits per byte after each epoch (mean over seeds)")
+    for r in part("paired"):
+        print(
+            f"{r['model']:>8} {r['case']:<40}", *(f"{b:.3f}" for b in r["validation_bpb_by_epoch"])
+        )
     print("\ntraining step against context (the same tokens per step)")
     print_table(
         part("context"),

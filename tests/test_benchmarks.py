@@ -68,6 +68,11 @@ def _check_text(payload):
     assert (explicit["model"], deq["model"]) == ("explicit", "deq")
     assert abs(deq["params"] / explicit["params"] - 1) <= 0.05  # equal size, within 5%
     assert all(0 < bpb < 9 for r in (explicit, deq) for bpb in r["test_bits_per_byte"])
+    # learning curves: one validation figure per epoch (1 in --quick), the DEQ's convergence
+    assert all(len(r["validation_bpb_by_epoch"]) == 1 for r in (explicit, deq))
+    assert all(0 < r["validation_bpb_by_epoch"][0] < 9 for r in (explicit, deq))
+    assert "train_converged_by_epoch" not in explicit
+    assert 0 <= deq["train_converged_by_epoch"][0] <= 1
     temps = [r["temp_mb"] for r in part("solver")]
     assert temps[0] == temps[-1]  # the implicit backward's memory does not grow with the steps
     modes = {(r["model"], r["mode"]) for r in part("generation")}

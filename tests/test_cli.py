@@ -10,11 +10,14 @@ import jax
 import numpy as np
 import pytest
 
+import eqattn
+
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
 from eqattn.cli import main  # noqa: E402
 from eqattn.cli._errors import UsageError  # noqa: E402
+from eqattn.cli._models import ModelConfig, adjoint_of  # noqa: E402
 from eqattn.cli._step import shift_images  # noqa: E402
 
 # The command runs in JAX's default float32 for its users (the suite's default is float64).
@@ -173,6 +176,15 @@ def test_training_levers(capsys, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     assert len(json.loads((tmp_path / "one-step" / "metrics.json").read_text())["history"]) == 1
+    # the phantom gradient through 2 half-damped steps, recorded for the checkpoint's rebuild
+    code, out, err = run(
+        capsys, "train", "--train-size", "8", "--epochs", "1", "--dim", "8", "--heads", "2",
+        "--no-progress", "--adjoint", "phantom", "--phantom-steps", "2",
+        "--phantom-damping", "0.5", "--out", str(tmp_path / "phantom"),
+    )  # fmt: skip
+    assert code == 0, err
+    saved = json.loads((tmp_path / "phantom" / "metrics.json").read_text())["model_config"]
+    assert adjoint_of(ModelConfig.from_dict(saved)) == eqattn.Phantom(steps=2, damping=0.5)
     # fixed-point correction: the training budget of 5 in pieces of 3 and 2 steps
     code, out, err = run(
         capsys, "train", *TINY, "--epochs", "1", "--train-steps", "5", "--corrections", "2",
@@ -189,6 +201,8 @@ def test_training_levers(capsys, tmp_path):
         (["--jacobian-weight", "-1"], "--jacobian-weight must be finite and >= 0"),
         (["--jacobian-share", "0"], "--jacobian-share must be in (0, 1]"),
         (["--backward-steps", "0"], "--backward-steps must be >= 1"),
+        (["--phantom-steps", "0"], "--phantom-steps must be >= 1"),
+        (["--phantom-damping", "1.5"], "--phantom-damping must be in (0, 1]"),
     ]:
         code, _, err = run(capsys, "train", *TINY, *argv, "--out", str(tmp_path / "c"))
         _one_line_error(code, err, 2, pattern)

@@ -3,6 +3,7 @@ atomic writes, and resuming after SIGKILL to the very model an uninterrupted run
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -257,3 +258,8 @@ def test_plain_lines_off_a_terminal_and_the_wall_time_split(tmp_path):
     parts = split["startup_and_data"] + split["compile"] + split["training"] + split["evaluation"]
     assert all(v >= 0 for v in split.values()) and abs(parts - split["total"]) < 1e-6
     assert any(line.startswith("wall time ") for line in lines)
+    # each epoch's line splits its seconds: training (the run's training time in all) and the
+    # evaluation after it (the last one's includes the test set's)
+    times = [re.search(r"\((\S+) s training, (\S+) s evaluation\)$", line) for line in lines[:2]]
+    train_s, eval_s = (sum(float(m[i]) for m in times) for i in (1, 2))
+    assert abs(train_s - split["training"]) <= 0.1 and 0 < eval_s <= split["evaluation"] + 0.1

@@ -91,6 +91,9 @@ class ModelConfig:
     # pay for: what 5 steps gave before the backward returned that step (CHANGELOG)
     backward_solver: str = "anderson"
     backward_steps: int | None = 4
+    # phantom adjoint: backprop through `phantom_steps` damped steps from the fixed point
+    phantom_steps: int = 5
+    phantom_damping: float = 1.0
     num_tokens: int = 8
     in_features: int = 8
 
@@ -114,7 +117,9 @@ class ModelConfig:
             )
         if self.backward_steps is not None and self.backward_steps < 1:
             raise UsageError(f"--backward-steps must be >= 1; got {self.backward_steps}")
-        for name in ("dim", "heads", "depth", "cell_depth", "max_steps"):
+        if not 0 < self.phantom_damping <= 1:
+            raise UsageError(f"--phantom-damping must be in (0, 1]; got {self.phantom_damping}")
+        for name in ("dim", "heads", "depth", "cell_depth", "max_steps", "phantom_steps"):
             if getattr(self, name) < 1:
                 raise UsageError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
@@ -145,9 +150,9 @@ def adjoint_of(config: ModelConfig):
         return ImplicitAdjoint(linear)
     if config.adjoint == "shared-inverse":
         return SharedInverse()
-    return {"phantom": Phantom(), "jacobian-free": JacobianFree(), "unrolled": Unrolled()}[
-        config.adjoint
-    ]
+    if config.adjoint == "phantom":
+        return Phantom(steps=config.phantom_steps, damping=config.phantom_damping)
+    return {"jacobian-free": JacobianFree(), "unrolled": Unrolled()}[config.adjoint]
 
 
 @functools.lru_cache(maxsize=64)

@@ -126,6 +126,18 @@ def _model_options(tr) -> None:
         default=m.backward_steps,
         help="implicit adjoint: the backward solve's step limit",
     )
+    tr.add_argument(
+        "--phantom-steps",
+        type=int,
+        default=m.phantom_steps,
+        help="phantom adjoint: the damped steps from the fixed point it backpropagates through",
+    )
+    tr.add_argument(
+        "--phantom-damping",
+        type=float,
+        default=m.phantom_damping,
+        help="phantom adjoint: the damping of those steps, in (0, 1]",
+    )
 
 
 def _training_options(tr) -> None:

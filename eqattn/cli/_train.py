@@ -363,7 +363,9 @@ class _Training:
                 bar.set_description(f"{desc} epoch {epoch}/{config.epochs}")
                 t0 = time.perf_counter()
                 means = self.train_epoch(epoch, bar, test_acc)
-                self.train_time += time.perf_counter() - t0
+                epoch_s = time.perf_counter() - t0
+                self.train_time += epoch_s
+                eval_before = self.eval_s
                 self.history.append(dict(epoch=epoch, **dict(zip(self.FIELDS, means))))
                 status = "done" if epoch == config.epochs else "running"
                 test_acc = self.write_metrics(status, epoch, at_boundary=True)[metric]
@@ -375,7 +377,8 @@ class _Training:
                         f"epoch {epoch}/{config.epochs}: loss {h['loss']:.4f}, "
                         f"{second.replace('_', ' ')} {h[second]:{line_format}}, "
                         f"{metric.replace('_', ' ')} {test_acc:{line_format}}{solver} "
-                        f"({time.perf_counter() - t0:.1f} s)",
+                        f"({epoch_s:.1f} s training, {self.eval_s - eval_before:.1f} s "
+                        "evaluation)",
                         flush=True,
                     )
         except KeyboardInterrupt:
