@@ -67,8 +67,9 @@ CANDIDATES: tuple[dict, ...] = (
     dict(cell_depth=2, dim=52),
     # the phantom gradient through two steps from the fixed point: unlike the Jacobian-free
     # backward's one step, it carries the composition of one step's attention with the next's
-    # (one seed: 3.29 bits per byte, but from the third epoch the training solves stop
-    # converging within their 10 steps; with --jacobian-weight 0.5 they converge, at 3.34)
+    # (results at c7b3e85: 3.29 bits per byte on seed 0, 3.94 and 4.20 on seeds 1 and 2: from
+    # the third epoch the training solves stop converging within their 10 steps; one-seed
+    # trial: with --jacobian-weight 0.5 they converge, at 3.34)
     dict(adjoint="phantom", phantom_steps=2),
 )
 """DEQ settings other than the command's defaults, each trained over the same seeds and paired
