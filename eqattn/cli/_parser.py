@@ -36,6 +36,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     tr = sub.add_parser("train", help="train a DEQ transformer (or --model explicit) on digits")
     _model_options(tr)
+    _solver_options(tr)
     _training_options(tr)
     _run_options(tr)
     _evaluate_options(
@@ -58,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _model_options(tr) -> None:
-    """`eqattn train`'s model and solver options (`ModelConfig`)."""
+    """`eqattn train`'s task and model options (`ModelConfig`)."""
     m = ModelConfig()
     tr.add_argument(
         "--task",
@@ -108,6 +109,11 @@ def _model_options(tr) -> None:
         default=None,
         help=f"dropout rate (one mask per solve; {_by_task('dropout')})",
     )
+
+
+def _solver_options(tr) -> None:
+    """`eqattn train`'s DEQ solver and adjoint options (`ModelConfig`)."""
+    m = ModelConfig()
     tr.add_argument("--solver", choices=tuple(SOLVERS), default=None, help=_by_task("solver"))
     tr.add_argument("--adjoint", choices=ADJOINTS, default=None, help=_by_task("adjoint"))
     tr.add_argument(
