@@ -567,11 +567,9 @@ def _text_curves(rows) -> str:
         return ""
 
     def cells(r):
+        bpb = [f"{b:.3f}" for b in r["validation_bpb_by_epoch"]]
         conv = r.get("train_converged_by_epoch")
-        return [
-            f"{b:.3f}" + ("" if conv is None else f" ({c:.0%})")
-            for b, c in zip(r["validation_bpb_by_epoch"], conv or r["validation_bpb_by_epoch"])
-        ]
+        return bpb if conv is None else [f"{b} ({c:.0%})" for b, c in zip(bpb, conv)]
 
     epochs = len(rows[0]["validation_bpb_by_epoch"])
     table = _table(
