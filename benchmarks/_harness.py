@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
+import eqattn
+
 
 def _compile(fn, args):
     t0 = time.perf_counter()
@@ -148,11 +150,12 @@ def versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
-    for pkg in ("jax", "jaxlib", "jaxopt", "equinox", "eqattn"):
+    for pkg in ("jax", "jaxlib", "jaxopt", "equinox"):
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             pass
+    out["eqattn"] = eqattn.__version__  # an uninstalled source tree's too
     return out
 
 

@@ -2,7 +2,7 @@
 
 `python -m benchmarks gpu [--out DIR] [--step N|NAME ...] [--all] [--list] [--dry-run]`
 
-Nine steps, each a process of its own limited to 8 minutes, each writing one file into `DIR`
+Ten steps, each a process of its own limited to 8 minutes, each writing one file into `DIR`
 (default `gpu-run/`, ignored by git), so a machine lent for half an hour with commands of at most
 10 minutes can run them one call at a time:
 
@@ -11,7 +11,9 @@ Nine steps, each a process of its own limited to 8 minutes, each writing one fil
 2. `kernel`: the fused kernel's tile sweep; 3. `core`; 4. `memory`; 5. `deq` (P1 and P2);
 6. `layers`; 7. `scaling`: the benchmark suites, each its JSON file;
 8. `training`: the training suite's `--short` run (the explicit baseline and the defaults);
-9. `causal`: `causal=True` against a dense causal mask, cuDNN's causal kernel and no causality.
+9. `causal`: `causal=True` against a dense causal mask, cuDNN's causal kernel and no causality;
+10. `text`: the text suite's `--short` run (the language model's training step against context
+    up to 4096 and solver budget, generation, one step at `--context 4096`; no training runs).
 
 Without `--step`, a call runs the first step whose file is not in `DIR` yet (`--all`: every such
 step), so calling it again resumes; `--step` reruns the steps named. A step past its time limit
@@ -47,7 +49,8 @@ class Step:
     def command(self, out: Path, dry_run: bool) -> list[str]:
         if self.name == "tests":
             return [sys.executable, "-m", "pytest", "-m", "accelerator", "-n", "0", "-q", "tests"]
-        size = ["--quick"] if dry_run else ["--short"] if self.name == "training" else []
+        short = self.name in ("training", "text")
+        size = ["--quick"] if dry_run else ["--short"] if short else []
         return [sys.executable, "-m", "benchmarks", self.name, *size, "--out", str(out)]
 
     def outputs(self, out: Path) -> list[Path]:
@@ -69,6 +72,7 @@ STEPS = (
     Step("scaling", "sequence length and devices"),
     Step("training", "a short training run: explicit baseline and defaults"),
     Step("causal", "causal=True against dense causal masks, cuDNN and no causality"),
+    Step("text", "the language model: step against context and solver budget, generation"),
 )
 
 

@@ -517,6 +517,8 @@ def causal(payload) -> str:
 def _text_paired(payload) -> str:
     """The text suite's paired runs (the defaults, then the candidates) and the target."""
     rows = [r for r in payload["rows"] if r["part"] == "paired"]
+    if not rows:  # `--short`: no training runs
+        return ""
     target = payload["target"]
     paired = _table(
         [
@@ -621,12 +623,15 @@ def text(payload) -> str:
             for r in part("generation")
         ],
     )
-    out = "\n\n".join([paired, context, solver, generation])
+    out = "\n\n".join(t for t in [paired, context, solver, generation] if t)
     for r in part("long-context"):
+        device = r.get("device_peak_mb")
         out += (
             f"\n\n`--context {r['context']}`, batch {r['batch']}: one DEQ training step, peak "
             f"resident memory {r['peak_rss_mb']:.0f} MB ({r['temp_mb']:.0f} MB temporary, "
-            f"compiled), {r['step_s']:.1f} s."
+            f"compiled"
+            + ("" if device is None else f"; the device's peak allocation {device:.0f} MB")
+            + f"), {r['step_s']:.1f} s."
         )
     return out
 

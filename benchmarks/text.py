@@ -24,7 +24,8 @@ explicit baseline of equal parameters.
    compiled step's temporary memory.
 
 `--quick`: a small corpus (eqattn's `text` package), context 16, a few steps, no Jacobian
-penalty; it exercises the code only.
+penalty; it exercises the code only. `--short` (the `gpu` command's step): parts 2 to 4 without
+the paired training runs, which take an hour on a CPU.
 """
 
 from __future__ import annotations
@@ -285,7 +286,10 @@ def context_step(context: int = 4096, batch: int = 16) -> dict:
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = jax.block_until_ready(compiled(*args))
+    stats = jax.devices()[0].memory_stats()  # an accelerator's allocator (None on a CPU)
+    device = {"device_peak_mb": stats["peak_bytes_in_use"] / MB} if stats else {}
     return {
+        **device,
         "part": "long-context",
         "context": context,
         "batch": batch,
@@ -298,14 +302,13 @@ def context_step(context: int = 4096, batch: int = 16) -> dict:
     }
 
 
-def _print(rows) -> None:
-    part = lambda name: [r for r in rows if r["part"] == name]  # noqa: E731
+def _print_paired(paired) -> None:
     print(
         "paired runs (the command's text defaults, then the DEQ candidates; median over seeds "
         "of the per-seed figures)"
     )
     print_table(
-        part("paired"),
+        paired,
         [
             ("model", "model", "s"),
             ("case", "case", "s"),
@@ -319,11 +322,18 @@ def _print(rows) -> None:
         ],
     )
     print("\nvalidation bits per byte after each epoch (mean over seeds)")
-    for r in part("paired"):
+    for r in paired:
         print(
             f"{r['model']:>8} {r['case']:<40}", *(f"{b:.3f}" for b in r["validation_bpb_by_epoch"])
         )
-    print("\ntraining step against context (the same tokens per step)")
+    print()
+
+
+def _print(rows) -> None:
+    part = lambda name: [r for r in rows if r["part"] == name]  # noqa: E731
+    if part("paired"):
+        _print_paired(part("paired"))
+    print("training step against context (the same tokens per step)")
     print_table(
         part("context"),
         [
@@ -356,8 +366,8 @@ def _print(rows) -> None:
     )
 
 
-def run(quick: bool = False) -> tuple[list[dict], dict]:
-    rows = _paired(quick)
+def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
+    rows = [] if short else _paired(quick)
     if quick:
         rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK)
         rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK)
@@ -374,10 +384,12 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             f"\n--context {long['context']} at batch {long['batch']}: one DEQ training step, "
             f"peak resident {long['peak_rss_mb']:.0f} MB, {long['temp_mb']:.0f} MB temporary "
             f"(compiled), {long['step_s']:.1f} s"
+            + (f", device peak {long['device_peak_mb']:.0f} MB" if "device_peak_mb" in long else "")
         )
-    paired = [r for r in rows if r["part"] == "paired"]
+    if short:  # no training runs: no target, no corpus
+        return rows, {}
     return rows, {
         "target": {"bits_per_byte": TARGET_BPB, "time_ratio": TARGET_TIME},
-        "meets_target": paired[1]["meets_target"],
+        "meets_target": rows[1]["meets_target"],
         "corpus": "eqattn/text (quick)" if quick else "the Python standard library (default)",
     }

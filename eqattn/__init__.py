@@ -47,7 +47,23 @@ from ._solve import (
     spectral_radius as spectral_radius,
 )
 
-__version__ = importlib.metadata.version("eqattn")
+
+def _version() -> str:
+    """The installed distribution's version; for a source tree on `PYTHONPATH` that was never
+    installed (no metadata), its `pyproject.toml`'s with the local label `+source`."""
+    try:
+        return importlib.metadata.version("eqattn")
+    except importlib.metadata.PackageNotFoundError:
+        import pathlib
+        import tomllib
+
+        pyproject = pathlib.Path(__file__).parent.parent / "pyproject.toml"
+        if not pyproject.is_file():
+            return "0+unknown"
+        return tomllib.loads(pyproject.read_text())["project"]["version"] + "+source"
+
+
+__version__ = _version()
 
 
 _RENAMED = {"Forward": "ForwardSolve"}  # old public name -> new, kept for one release

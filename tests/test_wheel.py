@@ -46,3 +46,18 @@ def test_the_wheel_holds_the_package_and_runs(tmp_path):
     where, version = run.stdout.split()[-2:]
     assert where.startswith(str(site)), where  # the installed wheel ran, not this checkout
     assert version == importlib.metadata.version("eqattn")
+
+
+def test_a_source_tree_that_was_never_installed_names_its_version(monkeypatch):
+    """On `PYTHONPATH` without installed metadata (a tree copied to a machine with no network),
+    `eqattn.__version__` is `pyproject.toml`'s, marked `+source`, instead of failing the import."""
+    import re
+
+    import eqattn
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    (declared,) = re.findall(r'(?m)^version = "(.+)"$', (ROOT / "pyproject.toml").read_text())
+    assert eqattn._version() == f"{declared}+source"
