@@ -62,16 +62,13 @@ second-order program is the slowest to compile (the tests train with it)."""
 
 
 CANDIDATES: tuple[dict, ...] = (
-    # a cell of two untied blocks iterated to the fixed point, at the width that keeps the
-    # parameters (one-seed trials: 3.20 bits per byte against the single block's 3.31, at
-    # 1.8x the explicit model's training time; four blocks of width 40, its own, 3.16 at 3.5x)
-    dict(cell_depth=2, dim=52),
-    # the phantom gradient through two steps from the fixed point: unlike the Jacobian-free
-    # backward's one step, it carries the composition of one step's attention with the next's
-    # (results at c7b3e85: 3.29 bits per byte on seed 0, 3.94 and 4.20 on seeds 1 and 2: from
-    # the third epoch the training solves stop converging within their 10 steps; one-seed
-    # trial: with --jacobian-weight 0.5 they converge, at 3.34)
-    dict(adjoint="phantom", phantom_steps=2),
+    # the single weight-tied block of width 64, no stem (the default before the stem; results
+    # at c7b3e85 of candidates since dropped: a cell of two untied blocks at width 52,
+    # `--cell-depth 2 --dim 52`, 3.215 bits per byte at 2.17x the explicit model's time; the
+    # phantom gradient through two steps, 3.808, its training solves unconverged from epoch 3)
+    dict(stem_depth=0, dim=64),
+    # two explicit stem blocks at width 44 (trials, seeds 0-2: 3.116, 3.176, 3.115)
+    dict(stem_depth=2, dim=44),
 )
 """DEQ settings other than the command's defaults, each trained over the same seeds and paired
 with the same explicit runs (full run only): the options that may move a default."""
@@ -237,12 +234,12 @@ def _generation_cases(model, prompt: int) -> dict[str, tuple]:
 
         def warm(params, tokens, z0):  # the prefix again, from its previous fixed points
             m = eqx.combine(params, static)
-            eq = m.block.equilibrium(m.embedding(tokens)[0], z0=z0, inference=True)
-            return m.readout(eq.value)[-1], eq.steps
+            z, eq = m.apply_blocks(m.embedding(tokens)[0], None, inference=True, z0=z0)
+            return m.readout(z)[-1], eq.steps
 
-        z = eqx.filter_jit(lambda m, t: m.block.equilibrium(m.embedding(t)[0], inference=True))(
+        z = eqx.filter_jit(lambda m, t: m.apply_blocks(m.embedding(t)[0], None, inference=True))(
             model, tokens[:prompt]
-        ).value
+        )[0]
         cases["re-solve warm"] = (warm, params, tokens, jnp.concatenate([z, z[-1:]]))
     return cases
 

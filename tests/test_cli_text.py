@@ -66,7 +66,8 @@ def _bits_by_hand(model, documents) -> float:
 
 def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    # a DEQ whose map is a cell of two blocks (the digits' and the other text runs have one)
+    # a DEQ whose map is a cell of two blocks (the digits' and the other text runs have one),
+    # after the text default's explicit stem block
     argv = ["train", *TINY, "--text", str(corpus), "--out", str(out), "--jacobian-weight", "1"]
     assert main([*argv, "--cell-depth", "2"]) == 0
     printed = capsys.readouterr().out
@@ -78,7 +79,8 @@ def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     assert metrics["test_scored_bytes"] == loaded.info["bytes"]["test"]
     assert metrics["evaluation"]["context"] == CONTEXT and metrics["evaluation"]["stride"] == 8
     model = text.load_model(out)
-    assert model.block.depth == 2 and metrics["model_shape"] == {"dim": 8, "cell_depth": 2}
+    assert model.block.depth == 2 and len(model.stem) == 1
+    assert metrics["model_shape"] == {"dim": 8, "cell_depth": 2, "stem_depth": 1}
     expected = _bits_by_hand(model, loaded.test)
     assert metrics["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
     assert f"test {metrics['test_bits_per_byte']:.3f} bits per byte" in printed

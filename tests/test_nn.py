@@ -169,6 +169,9 @@ def test_inference_mode_turns_dropout_off(getkey):
         lambda rate: enn.DEQTransformer(
             3, 8, 2, key=key, in_features=4, max_len=6, dropout=rate, solver=solver
         ),
+        lambda rate: enn.DEQTransformer(  # the stem's blocks too
+            3, 8, 2, key=key, in_features=4, max_len=6, dropout=rate, solver=solver, stem_depth=1
+        ),
     ):
         model, plain = make(0.3), make(0.0)
         with pytest.raises(ValueError, match="needs `key`"):
@@ -300,10 +303,18 @@ def test_jacobian_penalty_against_the_full_jacobian(getkey):
     assert penalty(key=k) == penalty(key=k) != penalty(inference=True)
     with pytest.raises(ValueError, match="needs `key`"):
         penalty()
-    model = enn.DEQTransformer(3, 8, 2, key=getkey(), in_features=4, max_len=6)
+    model = enn.DEQTransformer(3, 8, 2, key=getkey(), in_features=4, max_len=6, stem_depth=1)
     xt = jax.random.normal(getkey(), (6, 4))
     _, eq = eqx.filter_jit(model.forward)(xt)
     assert float(eqx.filter_jit(model.jacobian_penalty)(xt, eq.value, probe_key=getkey())) > 0
+    # with a stem, the penalty's map is the block's at the stem's output: it trains the stem too
+    stem_grads = eqx.filter_jit(
+        jax.grad(
+            lambda m: m.jacobian_penalty(xt, eq.value, probe_key=jax.random.key(0)),
+            allow_int=True,
+        )
+    )(model).stem
+    assert any(np.any(g != 0) for g in jax.tree.leaves(eqx.filter(stem_grads, eqx.is_array)))
 
 
 def test_hopfield_retrieves_stored_patterns(getkey):
@@ -401,6 +412,8 @@ def test_bad_shapes_and_options(getkey):
         enn.DEQBlock(8, 2, key=getkey(), norm="batch")
     with pytest.raises(ValueError, match="exactly one of"):
         enn.DEQTransformer(2, 8, 2, key=getkey(), vocab_size=5, in_features=3)
+    with pytest.raises(ValueError, match="`stem_depth` must be an int >= 0"):
+        enn.DEQTransformer(2, 8, 2, key=getkey(), vocab_size=5, stem_depth=-1)
     with pytest.raises(ValueError, match="at most 4"):
         enn.DEQTransformer(2, 8, 2, key=getkey(), vocab_size=5, max_len=4)(jnp.zeros(6, int))
     hop = enn.Hopfield(8, 6, 2, key=getkey())

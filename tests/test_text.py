@@ -100,12 +100,16 @@ def test_training_windows_stay_in_one_document():
 
 
 def _models(dtype=jnp.float64):
-    """An explicit model, a DEQ and a DEQ whose map is a cell of two blocks."""
+    """An explicit model, a DEQ and a DEQ with an explicit stem block whose map is a cell of two
+    blocks."""
     kw = dict(vocab_size=11, max_len=12, pooling="none", causal=True, dtype=dtype)
     explicit = eqattn.nn.Transformer(11, 16, 2, 2, key=jax.random.key(0), **kw)
     solver = eqattn.Anderson(rtol=TIGHT, atol=TIGHT, max_steps=300)
     deq = eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(1), solver=solver, **kw)
-    cell = eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(2), solver=solver, depth=2, **kw)
+    cell = eqattn.nn.DEQTransformer(
+        11, 16, 2, key=jax.random.key(2), solver=solver, depth=2, stem_depth=1, **kw
+    )
+    assert len(cell.stem) == 1 and cell.block.depth == 2
     return explicit, deq, cell
 
 
@@ -124,8 +128,8 @@ def test_causal_models_see_no_later_token():
 def test_cache_matches_the_full_forward_pass():
     """Explicit: the key/value cache gives the full pass's logits to round-off. Implicit: each
     token's row solved against the cache of the earlier fixed points gives the joint solve's
-    state to the solvers' tolerance (also with a cell of two blocks, whose cache holds each
-    block's keys and values)."""
+    state to the solvers' tolerance (also with a stem and a cell of two blocks, whose cache
+    holds the stem block's keys and values, then each cell block's)."""
     tokens = jnp.array([3, 1, 4, 1, 5, 9, 2, 6])
     explicit, deq, cell = _models()
     prefill, extend = eqx.filter_jit(eqattn.nn.prefill), eqx.filter_jit(eqattn.nn.extend)

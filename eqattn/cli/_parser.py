@@ -88,7 +88,9 @@ def _model_options(tr) -> None:
         default=m.tokens,
         help="8 rows of 8 pixels, or 16 patches of 2x2",
     )
-    tr.add_argument("--dim", type=int, default=m.dim, help="width of the DEQ model")
+    tr.add_argument(
+        "--dim", type=int, default=None, help=f"width of the DEQ model ({_by_task('dim')})"
+    )
     tr.add_argument("--heads", type=int, default=m.heads)
     tr.add_argument(
         "--depth",
@@ -102,6 +104,13 @@ def _model_options(tr) -> None:
         default=m.cell_depth,
         help="blocks of the DEQ model's map, iterated together to the fixed point (1: one "
         "weight-tied block)",
+    )
+    tr.add_argument(
+        "--stem-depth",
+        type=int,
+        default=None,
+        help="explicit blocks between the DEQ model's embedding and its implicit block "
+        f"({_by_task('stem_depth')})",
     )
     tr.add_argument(
         "--dropout",
@@ -303,7 +312,7 @@ def _retrieve_options(re) -> None:
 
 TASK_OPTIONS = (
     *("epochs", "batch_size", "label_smoothing", "dropout", "lr", "solver", "adjoint"),
-    *("jacobian_weight", "jacobian_share", "out"),
+    *("jacobian_weight", "jacobian_share", "dim", "stem_depth", "out"),
 )
 """`eqattn train`'s options whose default depends on `--task` and `--model` (`None` in the
 parser; `eqattn.cli._main` fills them)."""

@@ -224,7 +224,8 @@ class TextTraining(_Training):
             info["python"] = platform.python_version()
         steps = len(self.history) * self.steps_per_epoch
         tokens = steps * self.batch * self.model_config.context
-        shape = {"dim": self.model_config.dim, "cell_depth": self.model_config.cell_depth}
+        m = self.model_config
+        shape = {"dim": m.dim, "cell_depth": m.cell_depth, "stem_depth": m.stem_depth}
         if self.model_config.model == "explicit":  # its width matches the DEQ's parameters
             width, mlp_ratio = explicit_shape(self.model_config)
             shape = {"depth": self.model_config.depth, "width": width, "mlp_ratio": mlp_ratio}

@@ -46,7 +46,7 @@ from ._multihead import (
     per_token,
     shard_tokens,
 )
-from ._transformer import TransformerBlock, stack
+from ._transformer import TransformerBlock, run_blocks, stack
 
 
 class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
@@ -336,6 +336,25 @@ def _check_depth(depth, sequence) -> None:
         raise ValueError("`depth` > 1 does not combine with `sequence` (ring attention).")
 
 
+_STEM_OPTIONS = (
+    "mlp_ratio",
+    "norm_first",
+    "norm",
+    "dropout",
+    "inference",
+    "causal",
+    "implementation",
+)
+"""The block's options its stem's blocks share."""
+
+
+def _check_stem(stem_depth, block_kwargs) -> None:
+    if isinstance(stem_depth, bool) or not isinstance(stem_depth, int) or stem_depth < 0:
+        raise ValueError(f"`stem_depth` must be an int >= 0; got {stem_depth!r}.")
+    if stem_depth and block_kwargs.get("sequence") is not None:
+        raise ValueError("`stem_depth` > 0 does not combine with `sequence` (ring attention).")
+
+
 def _per_block(prefix, depth: int) -> tuple[KeyValues, ...]:
     """`prefix` as one `KeyValues` per block of the cell (a bare `KeyValues`: depth 1)."""
     prefix = (prefix,) if isinstance(prefix, KeyValues) else tuple(prefix)
@@ -366,12 +385,17 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     - `max_len`: the most tokens an input may have (learned position embeddings).
     - `pooling`: `"mean"` (masked mean over tokens), `"cls"` (a learned summary token) or
       `"none"` (one output per token, for token tasks).
+    - `stem_depth`: explicit [`eqattn.nn.TransformerBlock`][]s between the embedding and the
+      implicit block (default 0), configured as the block is (`mlp_ratio`, `norm_first`, `norm`,
+      `dropout`, `causal`, `implementation`): $z^* = f(z^*, S(x))$ with $S$ the stem. In a
+      language model the stem gives the fixed point inputs that already mix the tokens, which
+      a weight-tied block otherwise composes only across iterations (the `text` benchmark).
     - Every other keyword goes to [`eqattn.nn.DEQBlock`][] (`solver`, `adjoint`, `dropout`, ...).
 
     `model(x, *, padding_mask=None, key=None, inference=None)` returns logits; `padding_mask [n]`
     is `True` for real tokens. `model.forward(x, ...)` also returns the block's `Equilibrium`.
     The modules: `embedding` ([`eqattn.nn.TokenEmbedding`][]), `block`, `readout`
-    ([`eqattn.nn.ReadOut`][]), as [`eqattn.nn.Transformer`][] has them.
+    ([`eqattn.nn.ReadOut`][]), as [`eqattn.nn.Transformer`][] has them, and `stem`.
 
     **Example:**
 
@@ -388,6 +412,8 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     embedding: TokenEmbedding
     block: DEQBlock
     readout: ReadOut
+    # last, so that a model without a stem has the leaves (and checkpoints) it had before
+    stem: tuple[TransformerBlock, ...] = ()
 
     def __init__(
         self,
@@ -400,6 +426,7 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         in_features: int | None = None,
         max_len: int = 512,
         pooling: Pooling = "mean",
+        stem_depth: int = 0,
         dtype=None,
         **block_kwargs,
     ):
@@ -416,10 +443,23 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
             dtype=dtype,
         )
         self.block = DEQBlock(dim, num_heads, key=keys[3], dtype=dtype, **block_kwargs)
+        _check_stem(stem_depth, block_kwargs)
+        options = {k: v for k, v in block_kwargs.items() if k in _STEM_OPTIONS}
+        stem_keys = jax.random.split(jax.random.fold_in(key, 2), stem_depth) if stem_depth else ()
+        self.stem = stack(stem_keys, dim, num_heads, dtype=dtype, **options)
+
+    def inputs(self, h, mask=None, *, key=None, inference=None) -> Float[Array, "n dim"]:
+        """The block's input: the embedded tokens `h` through the `stem` (themselves without
+        one); `key` draws the stem's dropout masks (independent of the block's)."""
+        if not self.stem:
+            return h
+        key = None if key is None else jax.random.fold_in(key, 1)
+        return run_blocks(self.stem, h, mask, key=key, inference=inference)
 
     def apply_blocks(self, h, mask, *, key=None, inference=None, max_steps=None, z0=None):
-        """The block solved to equilibrium: `(z*, its Equilibrium)`."""
+        """The stem, then the block solved to equilibrium: `(z*, its Equilibrium)`."""
         _check_start(z0, h)
+        h = self.inputs(h, mask, key=key, inference=inference)
         eq = self.block.equilibrium(
             h, mask=mask, key=key, inference=inference, z0=z0, max_steps=max_steps
         )
@@ -459,7 +499,7 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         attn_mask = None if padding_mask is None else padding_mask[None, :]
         _check_start(z0, h)
         pieces = self.block.trajectory(
-            h,
+            self.inputs(h, attn_mask, key=key, inference=inference),
             segments,
             mask=attn_mask,
             key=key,
@@ -487,7 +527,7 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         h, padding_mask = self.embedding(x, padding_mask)
         attn_mask = None if padding_mask is None else padding_mask[None, :]
         return self.block.jacobian_penalty(
-            h,
+            self.inputs(h, attn_mask, key=key, inference=inference),
             z,
             probe_key=probe_key,
             mask=attn_mask,

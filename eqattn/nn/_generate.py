@@ -4,7 +4,8 @@ r"""Generation with a cache, for causal token models ([`eqattn.nn.DEQTransformer
 The explicit model caches, per block, the keys and values of the earlier tokens' inputs to that
 block: the usual key/value cache. The implicit model caches the keys and values of the earlier
 tokens' **fixed points** (an equilibrium cache; for a cell of several blocks, those of each
-block's input when the map is applied at the fixed points). Under a causal mask token $t$'s
+block's input when the map is applied at the fixed points), after those of its stem's explicit
+blocks, if any, as the explicit model has them. Under a causal mask token $t$'s
 fixed point $z_t^* = f_t(z_{\le t}^*)$ depends on the tokens up to $t$ alone, so a new token's
 row is solved by itself against the cache: each solver step costs $O(t)$ instead of
 re-solving all $t$ rows. The joint solve stops on a test over all its rows, so the two agree to the solver's tolerance,
@@ -28,8 +29,8 @@ from ._transformer import Transformer
 
 class GenerationCache(eqx.Module):
     """What `extend` needs of the tokens so far: the keys and values per block
-    (`[blocks, heads, max_len, d]`; the implicit model's cell's blocks), how many tokens they
-    hold, and the last token's fixed point (the implicit model's warm start).
+    (`[blocks, heads, max_len, d]`; the implicit model's stem's blocks, then its cell's), how
+    many tokens they hold, and the last token's fixed point (the implicit model's warm start).
 
     **Example:**
 
@@ -78,7 +79,7 @@ def check_language_model(model) -> None:
         raise TypeError(
             f"generation needs an eqattn.nn.DEQTransformer or Transformer; got {type(model)}."
         )
-    blocks = [model.block] if isinstance(model, DEQTransformer) else model.blocks
+    blocks = [*model.stem, model.block] if isinstance(model, DEQTransformer) else model.blocks
     if not all(b.attention.causal for b in blocks) or model.readout.pooling != "none":
         raise ValueError(
             "generation needs a causal language model: blocks with causal=True and "
@@ -86,6 +87,16 @@ def check_language_model(model) -> None:
         )
     if not isinstance(model.embedding.embed, eqx.nn.Embedding):
         raise ValueError("generation needs integer tokens (a model built with `vocab_size`).")
+
+
+def _explicit(blocks, h, kvs: list[KeyValues], mask=None, keys=None, values=None):
+    """`blocks` on `h` (against the cached `keys` and `values` of earlier tokens, if given),
+    appending each block's keys and values of `h`'s tokens to `kvs`."""
+    for i, block in enumerate(blocks):
+        kvs.append(block.key_values(h))
+        prefix = None if keys is None else KeyValues(keys[i], values[i])
+        h = block(h, mask=mask, prefix=prefix, inference=True)
+    return h
 
 
 def _padded(kv: KeyValues, size: int) -> KeyValues:
@@ -125,17 +136,15 @@ def prefill(
     size = model.embedding.max_len
     length = n if length is None else length
     h, _ = model.embedding(tokens)
+    kvs = []
     if isinstance(model, DEQTransformer):
+        h = _explicit(model.stem, h, kvs)
         eq = model.block.equilibrium(h, inference=True, max_steps=max_steps)
         z = eq.value
-        kvs = list(model.block.cache(h, z))
+        kvs += model.block.cache(h, z)
         stats = Step(eq.steps, eq.relative_residual, eq.converged)
     else:
-        kvs = []
-        for block in model.blocks:
-            kvs.append(block.key_values(h))
-            h = block(h, inference=True)
-        z = h
+        z = _explicit(model.blocks, h, kvs)
         stats = Step(jnp.array(0), jnp.array(0.0, z.dtype), jnp.array(True))
     kvs = [_padded(kv, size) for kv in kvs]
     state = z[jnp.maximum(length - 1, 0)]
@@ -193,22 +202,19 @@ def extend(
     size = cache.keys.shape[2]
     h, _ = model.embedding(jnp.reshape(token, (1,)), offset=cache.length)
     seen = jnp.concatenate([jnp.arange(size) < cache.length, jnp.ones(1, bool)])[None]
+    kvs = []
     if isinstance(model, DEQTransformer):
-        prefix = tuple(KeyValues(k, v) for k, v in zip(cache.keys, cache.values))
+        s = len(model.stem)
+        h = _explicit(model.stem, h, kvs, seen, cache.keys[:s], cache.values[:s])
+        prefix = tuple(KeyValues(k, v) for k, v in zip(cache.keys[s:], cache.values[s:]))
         z0 = cache.state[None] if warm_start else None
         eq = model.block.equilibrium(
             h, mask=seen, prefix=prefix, z0=z0, inference=True, max_steps=max_steps
         )
         z = eq.value
-        kvs = list(model.block.cache(h, z, mask=seen, prefix=prefix))
+        kvs += model.block.cache(h, z, mask=seen, prefix=prefix)
         stats = Step(eq.steps, eq.relative_residual, eq.converged)
     else:
-        kvs = []
-        for i, block in enumerate(model.blocks):
-            kvs.append(block.key_values(h))
-            h = block(
-                h, mask=seen, prefix=KeyValues(cache.keys[i], cache.values[i]), inference=True
-            )
-        z = h
+        z = _explicit(model.blocks, h, kvs, seen, cache.keys, cache.values)
         stats = Step(jnp.array(0), jnp.array(0.0, z.dtype), jnp.array(True))
     return model.readout(z)[0], _write(cache, kvs, z[0]), stats

@@ -8,6 +8,8 @@ $z' = \mathrm{RN}(u + \mathrm{MLP}(u))$), between the same embedding and read-ou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
@@ -92,6 +94,14 @@ def stack(keys: PRNGKeyArray, dim: int, num_heads: int, **kwargs) -> tuple[Trans
     return tuple(TransformerBlock(dim, num_heads, key=k, **kwargs) for k in keys)
 
 
+def run_blocks(blocks: Sequence[TransformerBlock], h, mask, *, key=None, inference=None):
+    """`blocks` one after the other on `h` (`key` split among them for dropout)."""
+    keys = [None] * len(blocks) if key is None else jax.random.split(key, len(blocks))
+    for block, k in zip(blocks, keys):
+        h = block(h, mask=mask, key=k, inference=inference)
+    return h
+
+
 class Transformer(AbstractTransformer):
     """Embedding -> position embedding -> `depth` explicit blocks -> pooling -> head.
 
@@ -164,10 +174,7 @@ class Transformer(AbstractTransformer):
 
     def apply_blocks(self, h, mask, *, key=None, inference=None):
         """The blocks one after the other (no statistics)."""
-        keys = [None] * len(self.blocks) if key is None else jax.random.split(key, len(self.blocks))
-        for block, k in zip(self.blocks, keys):
-            h = block(h, mask=mask, key=k, inference=inference)
-        return h, None
+        return run_blocks(self.blocks, h, mask, key=key, inference=inference), None
 
     def __call__(
         self,
