@@ -33,11 +33,12 @@ def _inputs(rng, batch, n, m, d=4, dv=3):
     return q, k, v
 
 
-# n = m on the XLA core only: the square part is also the whole of n < m and n > m's work
+# n = m on the XLA core only: the square part is also the whole of n < m and n > m's work;
+# one query (cached generation's call) sees every key
 _CASES = [
     pytest.param(kw, n, m, id=f"{kw['implementation']}-{n}-{m}")
     for kw in IMPLEMENTATIONS
-    for n, m in [(37, 37), (20, 45), (45, 20)]
+    for n, m in [(37, 37), (20, 45), (45, 20), (1, 45)]
     if kw["implementation"] == "xla" or n != m
 ]
 
