@@ -226,9 +226,9 @@ class TextTraining(_Training):
         tokens = steps * self.batch * self.model_config.context
         m = self.model_config
         shape = {"dim": m.dim, "cell_depth": m.cell_depth, "stem_depth": m.stem_depth}
-        if self.model_config.model == "explicit":  # its width matches the DEQ's parameters
-            width, mlp_ratio = explicit_shape(self.model_config)
-            shape = {"depth": self.model_config.depth, "width": width, "mlp_ratio": mlp_ratio}
+        if m.model == "explicit":  # its width matches the DEQ's parameters
+            width, mlp_ratio = explicit_shape(m)
+            shape = {"depth": m.depth, "width": width, "mlp_ratio": mlp_ratio}
         return dict(
             task="text",
             model_shape=shape,
