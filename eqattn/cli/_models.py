@@ -35,7 +35,8 @@ SOLVERS = {"anderson": Anderson, "picard": Picard, "broyden": Broyden}
 # against 86,916); over seeds 0-2 it reached 3.245, 3.192, 3.204 bits per byte against the
 # single block's 3.315, 3.325, 3.332 (the explicit model: 3.012, 3.006, 3.063), in 1.22x the
 # explicit model's training time (the single block 0.99x), its test solves all converged (the
-# benchmark at 99c4a2d). Two stem blocks at width 44 (83,164): 3.116, 3.176, 3.115 in 1.20x;
+# benchmark at 99c4a2d; at ec72cf9 the same bits per byte in 1.13x and 0.90x). Two stem blocks
+# at width 44 (83,164): 3.116, 3.176, 3.115 in 1.20x;
 # kept at one so that most of the model stays the implicit block (the benchmark's candidates
 # measure both). A pre-norm block instead of the stem: 3.325 (seed 0).
 TEXT_DEFAULTS = {
