@@ -62,21 +62,31 @@ second-order program is the slowest to compile (the tests train with it)."""
 
 
 CANDIDATES: tuple[dict, ...] = (
-    # the single weight-tied block of width 64, no stem (the default before the stem; results
-    # at c7b3e85 of candidates since dropped: a cell of two untied blocks at width 52,
-    # `--cell-depth 2 --dim 52`, 3.215 bits per byte at 2.17x the explicit model's time; the
-    # phantom gradient through two steps, 3.808, its training solves unconverged from epoch 3)
+    # the block's attention reading its state alone (the default before `attend_input`; results
+    # at 99c4a2d: 3.214 bits per byte)
+    dict(attend_input=False),
+    # the single weight-tied block of width 64, no stem (results at c7b3e85 of candidates since
+    # dropped: a cell of two untied blocks at width 52, `--cell-depth 2 --dim 52`, 3.215 bits
+    # per byte at 2.17x the explicit model's time; the phantom gradient through two steps,
+    # 3.808, its training solves unconverged from epoch 3; at ec72cf9, two stem blocks at width
+    # 44, `--stem-depth 2 --dim 44`, 3.136, and with `attend_input` in trials 3.107, 3.123,
+    # 3.131 over seeds 0-2: no better than one stem block)
     dict(stem_depth=0, dim=64),
-    # two explicit stem blocks at width 44 (trials, seeds 0-2: 3.116, 3.176, 3.115)
-    dict(stem_depth=2, dim=44),
 )
 """DEQ settings other than the command's defaults, each trained over the same seeds and paired
 with the same explicit runs (full run only): the options that may move a default."""
 
 
 def _case(fields: dict) -> str:
-    """`fields` as the command's options (`"defaults"` for none)."""
-    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fields.items()) or "defaults"
+    """`fields` as the command's options (`"defaults"` for none; a bool as `--flag` or
+    `--no-flag`)."""
+    options = []
+    for k, v in fields.items():
+        flag = k.replace("_", "-")
+        options.append(
+            (f"--{flag}" if v else f"--no-{flag}") if isinstance(v, bool) else f"--{flag} {v}"
+        )
+    return " ".join(options) or "defaults"
 
 
 def _paired(quick: bool) -> list[dict]:

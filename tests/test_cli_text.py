@@ -15,6 +15,7 @@ import pytest
 from eqattn import text
 from eqattn.cli import _train as train_module, main
 from eqattn.cli._errors import CommandError
+from eqattn.cli._models import ModelConfig, build_model
 
 pytestmark = pytest.mark.float32
 ROOT = Path(__file__).parent.parent
@@ -79,8 +80,13 @@ def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     assert metrics["test_scored_bytes"] == loaded.info["bytes"]["test"]
     assert metrics["evaluation"]["context"] == CONTEXT and metrics["evaluation"]["stride"] == 8
     model = text.load_model(out)
-    assert model.block.depth == 2 and len(model.stem) == 1
-    assert metrics["model_shape"] == {"dim": 8, "cell_depth": 2, "stem_depth": 1}
+    assert model.block.depth == 2 and len(model.stem) == 1 and model.block.attend_input
+    shape = {"dim": 8, "cell_depth": 2, "stem_depth": 1, "attend_input": True}
+    assert metrics["model_shape"] == shape
+    # a checkpoint written before `attend_input` (no such field in its header) rebuilds the
+    # block it was trained with: attention on the state alone
+    header = {k: v for k, v in metrics["model_config"].items() if k != "attend_input"}
+    assert not build_model(ModelConfig.from_dict(header), jax.random.key(0)).block.attend_input
     expected = _bits_by_hand(model, loaded.test)
     assert metrics["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
     assert f"test {metrics['test_bits_per_byte']:.3f} bits per byte" in printed

@@ -28,6 +28,10 @@ def _layers(key):
         "DEQBlock": enn.DEQBlock(8, 2, key=k2, solver=solver, dtype=F64),
         # a cell of two untied blocks (the second without the injection)
         "DEQBlock cell": enn.DEQBlock(8, 2, key=k2, solver=solver, depth=2, dtype=F64),
+        # the attention reads the state plus the injection
+        "DEQBlock attend_input": enn.DEQBlock(
+            8, 2, key=k2, solver=solver, attend_input=True, dtype=F64
+        ),
         "Hopfield": enn.Hopfield(8, 6, 2, key=k3, solver=solver, dtype=F64),
         "EnergyAttention": enn.EnergyAttention(
             8, 2, key=k4, num_memories=4, solver=eqattn.Picard(**TIGHT, max_steps=400), dtype=F64
@@ -44,7 +48,15 @@ def _with_adjoint(layer, adjoint):
 
 
 @pytest.mark.parametrize(
-    "name", ["ImplicitAttention", "DEQBlock", "DEQBlock cell", "Hopfield", "EnergyAttention"]
+    "name",
+    [
+        "ImplicitAttention",
+        "DEQBlock",
+        "DEQBlock cell",
+        "DEQBlock attend_input",
+        "Hopfield",
+        "EnergyAttention",
+    ],
 )
 def test_implicit_gradient_matches_unrolled_and_finite_differences(getkey, name):
     layer = _layers(getkey())[name]
@@ -465,6 +477,48 @@ def test_explicit_transformer_baseline(getkey):
         cell.equilibrium(z, prefix=cell.key_values(z))
     with pytest.raises(ValueError, match=r"`x` must have shape \[n, 6\]"):
         model(jnp.ones((7, 5)))
+
+
+def _numpy_block_step(block, z, c, attend):
+    """One post-norm step of `block` in float64 numpy from its weights:
+    u = RN(z + MHA(a) + c), z' = RN(u + MLP(u)), with a = z + c (`attend`) or z."""
+    w = lambda lin: np.asarray(lin.weight, np.float64)  # noqa: E731
+    rn = lambda u: (u - u.mean(-1, keepdims=True)) / np.sqrt(u.var(-1, keepdims=True) + 1e-5)  # noqa: E731
+    att = block.attention
+    x = z + c if attend else z
+    q, k, v = (
+        np.split(x @ w(p).T, att.num_heads, -1)
+        for p in (att.query_proj, att.key_proj, att.value_proj)
+    )
+    heads = []
+    for h, beta in enumerate(np.exp(np.asarray(att.log_beta, np.float64))):
+        s = beta * q[h] @ k[h].T
+        p = np.exp(s - s.max(-1, keepdims=True))
+        heads.append(p / p.sum(-1, keepdims=True) @ v[h])
+    u = rn(z + np.concatenate(heads, -1) @ w(att.output_proj).T + c)
+    pre = u @ w(block.mlp_in).T + np.asarray(block.mlp_in.bias)
+    gelu = 0.5 * pre * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre**3)))
+    return rn(u + gelu @ w(block.mlp_out).T + np.asarray(block.mlp_out.bias))
+
+
+def test_attend_input_step_matches_numpy(getkey):
+    """`attend_input=True`: the attention reads the state plus the injection (its queries, keys
+    and values), against float64 numpy; the default reads the state alone. The two blocks
+    (built from one key) have the same leaves: checkpoints do not tell them apart."""
+    key = getkey()
+    attending = enn.DEQBlock(8, 2, key=key, attend_input=True, dtype=F64)
+    plain = enn.DEQBlock(8, 2, key=key, dtype=F64)
+    z, c = (jax.random.normal(k, (5, 8), F64) for k in jax.random.split(getkey()))
+    for block, attend in ((attending, True), (plain, False)):
+        np.testing.assert_allclose(
+            eqx.filter_jit(lambda b: b.step(z, c))(block),
+            _numpy_block_step(block, np.asarray(z), np.asarray(c), attend),
+            rtol=1e-10,
+            atol=1e-10,
+        )
+    assert np.abs(attending.step(z, c) - plain.step(z, c)).max() > 1e-3
+    leaves = zip(jax.tree.leaves(attending), jax.tree.leaves(plain), strict=True)
+    assert all(a is b or np.array_equal(a, b) for a, b in leaves)
 
 
 @pytest.mark.parametrize("biases", [False, True])

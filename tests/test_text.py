@@ -101,10 +101,12 @@ def test_training_windows_stay_in_one_document():
 
 def _models(dtype=jnp.float64):
     """An explicit model, a DEQ and a DEQ with an explicit stem block whose map is a cell of two
-    blocks."""
+    blocks; both DEQs' attention reads the injected input too (`attend_input`: what the text
+    command trains; `_language_model`'s DEQ has the block's default)."""
     kw = dict(vocab_size=11, max_len=12, pooling="none", causal=True, dtype=dtype)
     explicit = eqattn.nn.Transformer(11, 16, 2, 2, key=jax.random.key(0), **kw)
     solver = eqattn.Anderson(rtol=TIGHT, atol=TIGHT, max_steps=300)
+    kw["attend_input"] = True
     deq = eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(1), solver=solver, **kw)
     cell = eqattn.nn.DEQTransformer(
         11, 16, 2, key=jax.random.key(2), solver=solver, depth=2, stem_depth=1, **kw

@@ -55,12 +55,15 @@ TEXT_DEFAULTS = {
 # penalty probes an eighth of each batch's windows (the same bits per byte as all of them, at
 # an eighth of its cost); its weight trades bits per byte against solver steps (seed 0):
 # 3.35 at 0.3, 3.31 at 0.1 (all training solves converged within 10 steps), 3.29 at 0.03 (half
-# of them at the end of training).
+# of them at the end of training). The block's attention reads its input too (`attend_input`):
+# with the stem, 3.128, 3.128, 3.128 over seeds 0-2 (3.117 on seed 3) against 3.245, 3.192,
+# 3.204 reading the state alone (trials); without the stem 3.305 against 3.315 (seed 0).
 TEXT_DEQ_DEFAULTS = {
     "solver": "anderson",
     "adjoint": "jacobian-free",
     "jacobian_weight": 0.1,
     "jacobian_share": 0.125,
+    "attend_input": True,
 }
 
 
@@ -90,6 +93,8 @@ class ModelConfig:
     cell_depth: int = 1
     # DEQ model: explicit blocks between the embedding and the implicit block (its input)
     stem_depth: int = 0
+    # DEQ model: the implicit block's attention reads the state plus the injected input
+    attend_input: bool = False
     dropout: float = 0.2
     # Chosen by `python -m benchmarks training` (CPU, 5 seeds; benchmarks/results/
     # training-cpu-cpu.json): with the training budget of TrainConfig, 0.43x the training time
@@ -224,6 +229,7 @@ def build_model(
             dropout=config.dropout,
             depth=config.cell_depth,
             stem_depth=config.stem_depth,
+            attend_input=config.attend_input,
             **common,
         )
     width, mlp_ratio = explicit_shape(config) if width is None else (width, mlp_ratio)

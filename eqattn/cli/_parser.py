@@ -113,6 +113,13 @@ def _model_options(tr) -> None:
         f"({_by_task('stem_depth')})",
     )
     tr.add_argument(
+        "--attend-input",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="DEQ: the implicit block's attention reads its state plus the injected input "
+        f"({_by_task('attend_input')})",
+    )
+    tr.add_argument(
         "--dropout",
         type=float,
         default=None,
@@ -312,7 +319,7 @@ def _retrieve_options(re) -> None:
 
 TASK_OPTIONS = (
     *("epochs", "batch_size", "label_smoothing", "dropout", "lr", "solver", "adjoint"),
-    *("jacobian_weight", "jacobian_share", "dim", "stem_depth", "out"),
+    *("jacobian_weight", "jacobian_share", "dim", "stem_depth", "attend_input", "out"),
 )
 """`eqattn train`'s options whose default depends on `--task` and `--model` (`None` in the
 parser; `eqattn.cli._main` fills them)."""

@@ -225,7 +225,12 @@ class TextTraining(_Training):
         steps = len(self.history) * self.steps_per_epoch
         tokens = steps * self.batch * self.model_config.context
         m = self.model_config
-        shape = {"dim": m.dim, "cell_depth": m.cell_depth, "stem_depth": m.stem_depth}
+        shape = {
+            "dim": m.dim,
+            "cell_depth": m.cell_depth,
+            "stem_depth": m.stem_depth,
+            "attend_input": m.attend_input,
+        }
         if m.model == "explicit":  # its width matches the DEQ's parameters
             width, mlp_ratio = explicit_shape(m)
             shape = {"depth": m.depth, "width": width, "mlp_ratio": mlp_ratio}

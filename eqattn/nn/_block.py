@@ -29,8 +29,9 @@ class AbstractBlock(eqx.Module):
     $u = \mathrm{RN}(z + \mathrm{MHA}(z) + c)$, $z' = \mathrm{RN}(u + \mathrm{MLP}(u))$;
     pre-norm (`norm_first`): $u = z + \mathrm{MHA}(\mathrm{RN}(z)) + c$,
     $z' = \mathrm{RN}(u + \mathrm{MLP}(\mathrm{RN}(u)))$, with $c$ an input injection (the
-    implicit block's) or none (the explicit block's). Dropout (inverted) on the attention output
-    and the MLP's hidden layer.
+    implicit block's) or none (the explicit block's); an implicit block that attends to its
+    input reads $\mathrm{MHA}(z + c)$ (pre-norm: $\mathrm{MHA}(\mathrm{RN}(z) + c)$). Dropout
+    (inverted) on the attention output and the MLP's hidden layer.
 
     Subclasses also have `mlp_in`, `mlp_out` (`eqx.nn.Linear`) and `inference` (bool) fields.
     They are not declared here: a field declared by a base class comes first in the pytree's
@@ -48,13 +49,16 @@ class AbstractBlock(eqx.Module):
         mask: Bool[Array, "n n"] | None = None,
         drop: DropoutMasks | None = None,
         prefix: KeyValues | None = None,
+        *,
+        attend: Float[Array, "n dim"] | None = None,
     ) -> Float[Array, "n dim"]:
         """One application of the block's map (see the class docstring); `prefix`, the
         `key_values` (the block's method) of earlier tokens' states, is
-        attended to in front of `z`'s own tokens."""
+        attended to in front of `z`'s own tokens; `attend`, added to the attention's input
+        (the implicit block's injection when it attends to its input)."""
         rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
         drop_attn, drop_mlp = (None, None) if drop is None else drop
-        a_in = rn(z) if self.norm_first else z
+        a_in = self._attention_input(z, attend)
         a = self.attention(a_in, a_in, mask=mask, prefix=prefix)
         a = a if drop_attn is None else a * drop_attn
         u = z + a if injection is None else z + a + injection
@@ -63,10 +67,17 @@ class AbstractBlock(eqx.Module):
         h = h if drop_mlp is None else h * drop_mlp
         return rn(u + per_token(self.mlp_out, h))
 
-    def key_values(self, z: Float[Array, "p dim"]) -> KeyValues:
-        """The attention's keys and values of the states `z` of `p` tokens: the cache that
-        lets later tokens attend to them without recomputing them (`prefix` of `sublayers`)."""
-        return self.attention.key_values(apply_norm(self.norm, z) if self.norm_first else z)
+    def _attention_input(self, z, attend=None):
+        a_in = apply_norm(self.norm, z) if self.norm_first else z
+        return a_in if attend is None else a_in + attend
+
+    def key_values(
+        self, z: Float[Array, "p dim"], attend: Float[Array, "p dim"] | None = None
+    ) -> KeyValues:
+        """The attention's keys and values of the states `z` of `p` tokens (and `attend`, as
+        in `sublayers`): the cache that lets later tokens attend to them without recomputing
+        them (`prefix` of `sublayers`)."""
+        return self.attention.key_values(self._attention_input(z, attend))
 
     def dropout_masks(
         self, key: PRNGKeyArray | None, inference: bool | None, n: int, dtype

@@ -3,6 +3,11 @@ r"""A weight-tied DEQ transformer block and a model around it.
 Post-norm (default): $u = \mathrm{RN}(z + \mathrm{MHA}(z) + Ux)$, $z' = \mathrm{RN}(u + \mathrm{MLP}(u))$.
 Pre-norm (`norm_first=True`): $u = z + \mathrm{MHA}(\mathrm{RN}(z)) + Ux$,
 $z' = \mathrm{RN}(u + \mathrm{MLP}(\mathrm{RN}(u)))$ (the last RN keeps the map bounded).
+With `attend_input=True` the attention reads the state and the injection,
+$\mathrm{MHA}(z + Ux)$ (pre-norm: $\mathrm{MHA}(\mathrm{RN}(z) + Ux)$): its queries, keys and
+values see the block's input at every iteration (the DEQ-Transformer of Bai et al. adds its
+injection to the query, key and value projections alone; here it enters them through the
+attention's input and stays in the residual).
 With `depth` $L > 1$ the map is a cell: $z'$ then goes through $L - 1$ untied blocks
 $B_2, \dots, B_L$ of [`eqattn.nn.TransformerBlock`][] (no injection), $f = B_L \circ \dots \circ
 B_2 \circ B_1$ (a multi-layer cell, as in S. Bai, V. Koltun, J. Z. Kolter, "Multiscale Deep
@@ -62,7 +67,8 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     [`eqattn.select_implementation`][]); `causal`: token $i$ attends to tokens $\\le i$ only,
     so its fixed point depends on them alone (a language model's block; `norm="layer"` only);
     `depth`, the blocks of the map's cell (see the module docstring; `cell` holds the
-    second to the last, the block's own attention and MLP are the first).
+    second to the last, the block's own attention and MLP are the first); `attend_input`: the
+    attention reads $z + Ux$ instead of $z$ (see the module docstring).
 
     **Example:**
 
@@ -96,6 +102,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     norm: str = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
     dim: int = eqx.field(static=True)
+    attend_input: bool = eqx.field(static=True)  # static: no leaf, checkpoints unchanged
     # last, so that a block of depth 1 has the leaves (and checkpoints) it had before cells
     cell: tuple[TransformerBlock, ...] = ()
 
@@ -117,6 +124,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         implementation: Implementation = "auto",
         causal: bool = False,
         depth: int = 1,
+        attend_input: bool = False,
         dtype=None,
     ):
         check_dims(dim, num_heads)
@@ -149,6 +157,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         self.norm = norm
         self.throw = throw
         self.dim = dim
+        self.attend_input = bool(attend_input)
         self.cell = stack(
             jax.random.split(jax.random.fold_in(key, 1), depth - 1),
             dim,
@@ -177,7 +186,8 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         drop = (None,) * self.depth if drop is None else drop
         prefix = (None,) * self.depth if prefix is None else _per_block(prefix, self.depth)
         inputs = [z]
-        out = self.sublayers(z, injection, mask, drop[0], prefix[0])
+        attend = injection if self.attend_input else None
+        out = self.sublayers(z, injection, mask, drop[0], prefix[0], attend=attend)
         for block, d, p in zip(self.cell, drop[1:], prefix[1:]):
             inputs.append(out)
             out = block.sublayers(out, mask=mask, drop=d, prefix=p)
@@ -200,14 +210,16 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         """The keys and values, one `KeyValues` per block of the cell, that later tokens attend
         to: those of each block's input when the map is applied at the fixed points `z` of the
         tokens `x` (`mask` and `prefix` as in [`equilibrium`][eqattn.nn.DEQBlock.equilibrium]).
-        With `depth` 1 it is `(key_values(z),)`; a deeper cell's later blocks see states that
-        depend on the earlier tokens too, hence `x`, `mask` and `prefix`."""
+        With `depth` 1 it is `(key_values(z),)` (`key_values(z, Ux)` with `attend_input`); a
+        deeper cell's later blocks see states that depend on the earlier tokens too, hence `x`,
+        `mask` and `prefix`."""
         if not self.cell:
-            return (self.key_values(z),)
+            check_tokens(x, self.dim)
+            return (self.key_values(z, self.injection(x) if self.attend_input else None),)
         injection, mask, drop = self._prepare(x, mask, None, True, prefix)
         inputs = self._layers(z, injection, mask, drop, prefix)[0]
-        blocks = (self, *self.cell)
-        return tuple(b.key_values(u) for b, u in zip(blocks, inputs))
+        first = self.key_values(z, injection if self.attend_input else None)
+        return (first, *(b.key_values(u) for b, u in zip(self.cell, inputs[1:])))
 
     def _prepare(self, x, mask, key, inference, prefix=None):
         """The solve's arguments: the injection, the mask and the dropout masks (one pair per
