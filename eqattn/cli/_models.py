@@ -56,8 +56,9 @@ TEXT_DEFAULTS = {
 # an eighth of its cost); its weight trades bits per byte against solver steps (seed 0):
 # 3.35 at 0.3, 3.31 at 0.1 (all training solves converged within 10 steps), 3.29 at 0.03 (half
 # of them at the end of training). The block's attention reads its input too (`attend_input`):
-# with the stem, 3.128, 3.128, 3.128 over seeds 0-2 (3.117 on seed 3) against 3.245, 3.192,
-# 3.204 reading the state alone (trials); without the stem 3.305 against 3.315 (seed 0).
+# with the stem, 3.127, 3.128, 3.128 over seeds 0-2 (3.117 on seed 3) against 3.245, 3.192,
+# 3.204 reading the state alone, in 1.12x the explicit model's training time against 1.18x
+# (the benchmark at 3fde144); without the stem 3.307 against 3.324 (the benchmark).
 TEXT_DEQ_DEFAULTS = {
     "solver": "anderson",
     "adjoint": "jacobian-free",
