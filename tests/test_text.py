@@ -101,18 +101,20 @@ def test_training_windows_stay_in_one_document():
 
 def _models(dtype=jnp.float64):
     """An explicit model, a DEQ and a DEQ with an explicit stem block whose map is a cell of two
-    blocks; both DEQs' attention reads the injected input too (`attend_input`: what the text
-    command trains; `_language_model`'s DEQ has the block's default)."""
+    blocks; then the two DEQs again with `attend_input` (their attention reads the injected
+    input too: what the text command trains)."""
     kw = dict(vocab_size=11, max_len=12, pooling="none", causal=True, dtype=dtype)
     explicit = eqattn.nn.Transformer(11, 16, 2, 2, key=jax.random.key(0), **kw)
-    solver = eqattn.Anderson(rtol=TIGHT, atol=TIGHT, max_steps=300)
-    kw["attend_input"] = True
-    deq = eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(1), solver=solver, **kw)
-    cell = eqattn.nn.DEQTransformer(
-        11, 16, 2, key=jax.random.key(2), solver=solver, depth=2, stem_depth=1, **kw
-    )
-    assert len(cell.stem) == 1 and cell.block.depth == 2
-    return explicit, deq, cell
+    kw["solver"] = eqattn.Anderson(rtol=TIGHT, atol=TIGHT, max_steps=300)
+    deqs = []
+    for attend_input in (False, True):
+        kw["attend_input"] = attend_input
+        deqs.append(eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(1), **kw))
+        deqs.append(
+            eqattn.nn.DEQTransformer(11, 16, 2, key=jax.random.key(2), depth=2, stem_depth=1, **kw)
+        )
+    assert len(deqs[1].stem) == 1 and deqs[1].block.depth == 2 and deqs[3].block.attend_input
+    return explicit, *deqs
 
 
 def test_causal_models_see_no_later_token():
@@ -131,11 +133,12 @@ def test_cache_matches_the_full_forward_pass():
     """Explicit: the key/value cache gives the full pass's logits to round-off. Implicit: each
     token's row solved against the cache of the earlier fixed points gives the joint solve's
     state to the solvers' tolerance (also with a stem and a cell of two blocks, whose cache
-    holds the stem block's keys and values, then each cell block's)."""
+    holds the stem block's keys and values, then each cell block's), with the attention
+    reading the state alone or the state plus the injection."""
     tokens = jnp.array([3, 1, 4, 1, 5, 9, 2, 6])
-    explicit, deq, cell = _models()
+    explicit, deq, *deqs = _models()
     prefill, extend = eqx.filter_jit(eqattn.nn.prefill), eqx.filter_jit(eqattn.nn.extend)
-    for model, tol in ((explicit, 1e-12), (deq, 1e-8), (cell, 1e-8)):
+    for model, tol in ((explicit, 1e-12), (deq, 1e-8), *((m, 1e-8) for m in deqs)):
         full = eqx.filter_jit(lambda x, model=model: model(x))(tokens)
         logits, cache, _ = prefill(model, tokens[:3])
         rows = [*logits]
