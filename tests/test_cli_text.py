@@ -14,8 +14,9 @@ import pytest
 
 from eqattn import text
 from eqattn.cli import _train as train_module, main
+from eqattn.cli._checkpoint import read_header
 from eqattn.cli._errors import CommandError
-from eqattn.cli._models import ModelConfig, build_model
+from eqattn.cli._models import ModelConfig, build_model, explicit_shape
 
 pytestmark = pytest.mark.float32
 ROOT = Path(__file__).parent.parent
@@ -131,6 +132,9 @@ def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
     assert main(["train", "--resume", "--out", str(tmp_path / "cut")]) == 0
     ref, cut = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ref", "cut"))
     assert ref["model_shape"]["depth"] == 4 and ref["model_shape"]["width"] % 2 == 0
+    # the run records the shape it built, so its checkpoint rebuilds it whatever the rule
+    recorded = {k: ref["model_config"][k] for k in ("width", "mlp_ratio")}
+    assert recorded == {k: ref["model_shape"][k] for k in ("width", "mlp_ratio")}
     assert cut["status"] == "done" and cut["epochs_done"] == 2
     assert [h["loss"] for h in cut["history"]] == [h["loss"] for h in ref["history"]]
     assert cut["test_bits_per_byte"] == ref["test_bits_per_byte"]
@@ -160,13 +164,34 @@ def test_text_refusals_are_one_line(corpus, tmp_path, capsys):
     ]:
         got, line = refused(*argv)
         assert got == code and message in line and "\n" not in line, (argv, line)
+    # an explicit baseline that cannot match the DEQ's parameters: refused before its directory
+    argv = [*TINY, "--text", str(corpus), "--model", "explicit", "--heads", "4", "--depth", "6"]
+    assert main(["train", *argv, "--out", str(tmp_path / "unmatched")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "no explicit model of --depth 6 comes within 5% of the DEQ's" in line, line
+    assert "\n" not in line and not (tmp_path / "unmatched").exists()
     digits = ROOT / "tests" / "fixtures" / "checkpoint-v2"
     assert main(["generate", "--checkpoint", str(digits), "--prompt", "a"]) == 1
     assert "not a text model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("dim, heads, context", [(64, 4, 256), (32, 2, 1024), (96, 4, 128)])
-def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(dim, heads, context):
+@pytest.mark.parametrize(
+    "dim, heads, context, depth, stem",
+    [
+        (64, 4, 256, 4, 0),
+        (32, 2, 1024, 4, 0),
+        (96, 4, 128, 4, 0),
+        (52, 4, 256, 4, 1),  # the command's defaults
+        # explicit models that need a width above --dim or an MLP ratio outside 1 to 4 (their
+        # shape was 17%, 10% and 7% short of the DEQ's parameters before either was searched)
+        (64, 4, 256, 1, 1),
+        (16, 2, 32, 1, 1),
+        (8, 2, 16, 4, 1),  # the tests' tiny setting
+    ],
+)
+def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(
+    dim, heads, context, depth, stem
+):
     """Every parameter counted (embeddings, positions and read-out included), from the leaves
     of the models as built (their shapes: nothing is initialised)."""
     import equinox as eqx
@@ -181,13 +206,36 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(dim, heads
     def built(config):
         return eqx.filter_eval_shape(build_model, config, jax.random.key(0))
 
-    config = ModelConfig(task="text", dim=dim, heads=heads, context=context)
+    config = ModelConfig(
+        task="text", dim=dim, heads=heads, context=context, depth=depth, stem_depth=stem
+    )
     deq = count(built(config))
     # the embeddings (symbols, positions) and the read-out at least
     assert deq > (2 * text.BYTES + 1 + context) * dim
     explicit = built(ModelConfig(**{**config.__dict__, "model": "explicit"}))
     assert len(explicit.blocks) == config.depth
     assert abs(count(explicit) - deq) <= 0.05 * deq
+
+
+def test_an_explicit_text_checkpoint_without_its_shape_still_loads():
+    """A checkpoint written before runs recorded the explicit model's width and MLP ratio
+    (tests/fixtures/text-explicit-v1, by commit 5a69270) rebuilds the shape it was built with
+    (a width at most --dim: 6, at MLP ratio 4, although a new run of its settings is wider)
+    and gives the logits that commit computed."""
+    fixture = ROOT / "tests" / "fixtures" / "text-explicit-v1"
+    expected = json.loads((fixture / "expected.json").read_text())
+    model = text.load_model(fixture)
+    block = model.blocks[0]
+    shape = {"depth": len(model.blocks), "width": block.mlp_in.in_features}
+    shape["mlp_ratio"] = block.mlp_in.out_features / block.mlp_in.in_features
+    assert shape == expected["model_shape"]
+    logits = model(jnp.asarray(expected["input"]), inference=True)
+    np.testing.assert_allclose(
+        logits[-1, :8], expected["logits_at_the_last_position_first_8"], rtol=1e-5, atol=1e-6
+    )
+    # a new run of its settings gets another shape, within 5% of the DEQ's parameters
+    _, header = read_header(fixture / "checkpoint.eqx")
+    assert explicit_shape(ModelConfig(**header["config"])) != (6, 4.0)
 
 
 @pytest.mark.parametrize("model", ["deq", "explicit"])

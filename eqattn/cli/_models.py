@@ -96,6 +96,10 @@ class ModelConfig:
     stem_depth: int = 0
     # DEQ model: the implicit block's attention reads the state plus the injected input
     attend_input: bool = False
+    # explicit model: its width and MLP ratio (None: matched to the DEQ's parameters by
+    # `explicit_shape`; a new run records the pair it built, so its checkpoint rebuilds it)
+    width: int | None = None
+    mlp_ratio: float | None = None
     dropout: float = 0.2
     # Chosen by `python -m benchmarks training` (CPU, 5 seeds; benchmarks/results/
     # training-cpu-cpu.json): with the training budget of TrainConfig, 0.43x the training time
@@ -143,6 +147,14 @@ class ModelConfig:
                 raise UsageError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
                 )
+        if self.width is not None and (self.width < 1 or self.width % self.heads):
+            raise UsageError(
+                f"width must be a positive multiple of --heads ({self.heads}); got {self.width}"
+            )
+        if self.mlp_ratio is not None and not (
+            self.mlp_ratio > 0 and math.isfinite(self.mlp_ratio)
+        ):
+            raise UsageError(f"mlp_ratio must be finite and > 0; got {self.mlp_ratio}")
         if self.stem_depth < 0:
             raise UsageError(f"--stem-depth must be >= 0; got {self.stem_depth}")
         if self.dim % self.heads:
@@ -154,8 +166,23 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """The configuration a checkpoint's header or a metrics file records. An explicit model
+        saved before its shape was recorded gets the shape it was built with (`explicit_shape`'s
+        first rules, the width at most `dim`)."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in fields})
+        config = cls(**{k: v for k, v in d.items() if k in fields})
+        if config.model == "explicit" and "width" not in d:
+            width, mlp_ratio = _matched_shape(config, extended=False)
+            config = dataclasses.replace(config, width=width, mlp_ratio=mlp_ratio)
+        return config
+
+    def with_shape(self) -> ModelConfig:
+        """This configuration with the explicit model's width and MLP ratio filled in (what a new
+        run records)."""
+        if self.model != "explicit" or self.width is not None:
+            return self
+        width, mlp_ratio = explicit_shape(self)
+        return dataclasses.replace(self, width=width, mlp_ratio=mlp_ratio)
 
 
 def solver_of(config: ModelConfig):
@@ -176,30 +203,53 @@ def adjoint_of(config: ModelConfig):
     return {"jacobian-free": JacobianFree(), "unrolled": Unrolled()}[config.adjoint]
 
 
-@functools.lru_cache(maxsize=64)
 def explicit_shape(config: ModelConfig) -> tuple[int, float]:
-    """The explicit baseline's `(width, mlp_ratio)`: `depth` blocks with about the DEQ model's
-    parameters. The width (a multiple of `heads`, at most `dim`) closest at MLP ratio 2; for
-    the text task, if that is more than 5% off, the closest pair with the MLP ratio in 1 to 4 by
-    quarters (the digits keep the first rule, which their checkpoints were built with)."""
+    """The explicit baseline's `(width, mlp_ratio)`: the configuration's own when it records
+    them, else `depth` blocks with the DEQ model's parameters (`_matched_shape`). A text model
+    that cannot come within 5% of them is refused (a `UsageError` naming both counts)."""
+    if config.width is not None:
+        return config.width, 2.0 if config.mlp_ratio is None else config.mlp_ratio
+    return _matched_shape(config, extended=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _matched_shape(config: ModelConfig, *, extended: bool) -> tuple[int, float]:
+    """`depth` blocks with about the DEQ model's parameters. The width (a multiple of `heads`, at
+    most `dim`) closest at MLP ratio 2; for the text task, if that is more than 5% off, the
+    closest pair with the MLP ratio in 1 to 4 by quarters, and (`extended`, new runs) if still
+    more than 5% off, with the width up to `2 * dim` and the ratio in 0.25 to 8 (the digits keep
+    the first rule, which their checkpoints were built with; the second is what text checkpoints
+    that do not record their shape were built with)."""
     target = count_params(dataclasses.replace(config, model="deq"))
-    explicit = dataclasses.replace(config, model="explicit")
-    widths = range(config.heads, config.dim + 1, config.heads)
-    off = lambda w, r: abs(count_params(explicit, width=w, mlp_ratio=r) - target)  # noqa: E731
-    width = min(widths, key=lambda w: off(w, 2.0))
-    if config.task != "text" or off(width, 2.0) <= 0.05 * target:
+    explicit = dataclasses.replace(config, model="explicit", width=None, mlp_ratio=None)
+    count = lambda w, r: count_params(explicit, width=w, mlp_ratio=r)  # noqa: E731
+    off = lambda wr: abs(count(*wr) - target)  # noqa: E731
+    width = min(range(config.heads, config.dim + 1, config.heads), key=lambda w: off((w, 2.0)))
+    if config.task != "text" or off((width, 2.0)) <= 0.05 * target:
         return width, 2.0
+    best = _closest(count, target, config.heads, config.dim, (1.0, 4.0))
+    if off(best) <= 0.05 * target or not extended:
+        return best
+    best = _closest(count, target, config.heads, 2 * config.dim, (0.25, 8.0))
+    if off(best) > 0.05 * target:
+        raise UsageError(
+            f"no explicit model of --depth {config.depth} comes within 5% of the DEQ's "
+            f"{target:,} parameters (the closest, width {best[0]} at MLP ratio {best[1]}, has "
+            f"{count(*best):,}); choose another --depth or --dim"
+        )
+    return best
+
+
+def _closest(count, target: int, heads: int, max_width: int, ratios) -> tuple[int, float]:
+    """The `(width, ratio)` whose `count` is closest to `target`: widths multiples of `heads` up
+    to `max_width`, ratios by quarters within `ratios`. The count is affine in the ratio, so two
+    counts per width give its best ratio."""
     pairs = []
-    for w in widths:  # the count is affine in the MLP ratio: two counts give the best ratio
-        one, two = (count_params(explicit, width=w, mlp_ratio=r) for r in (1.0, 2.0))
+    for w in range(heads, max_width + 1, heads):
+        one, two = count(w, 1.0), count(w, 2.0)
         ratio = 1.0 + (target - one) / (two - one) if two != one else 2.0
-        pairs.append((w, min(max(round(4 * ratio) / 4, 1.0), 4.0)))
-    return min(pairs, key=lambda wr: off(*wr))
-
-
-def explicit_width(config: ModelConfig) -> int:
-    """The explicit baseline's width (see `explicit_shape`)."""
-    return explicit_shape(config)[0]
+        pairs.append((w, min(max(round(4 * ratio) / 4, ratios[0]), ratios[1])))
+    return min(pairs, key=lambda wr: abs(count(*wr) - target))
 
 
 def build_model(

@@ -62,6 +62,8 @@ def train(
             f"train_steps ({budget}) must be at most max_steps ({model_config.max_steps}), the "
             "solver's step limit the model is built with"
         )
+    if not resume:  # the explicit model's shape, recorded (refused here, before the directory)
+        model_config = model_config.with_shape()
     writer = jax.process_index() == 0
     with RunDirectory(out_dir, overwrite=overwrite, resume=resume, writer=writer) as run:
         if run.moved_to is not None:
