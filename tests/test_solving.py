@@ -2,6 +2,9 @@
 `Equilibrium.result`, any pytree in `args`, the public adjoint protocol, precision-aware
 defaults."""
 
+import os
+import subprocess
+import sys
 import warnings
 
 import equinox as eqx
@@ -140,6 +143,20 @@ def test_jaxopt_backend_with_an_eqattn_adjoint_and_its_errors():
         eqattn.JaxoptSolver(jaxopt.FixedPointIteration, history_size=3)
     with pytest.raises(ValueError, match="`solver` must be"):
         eqattn.fixed_point(_f, jnp.zeros((N, D)), args, solver=optx.BFGS(rtol=1e-3, atol=1e-3))
+
+
+def test_jaxopt_is_imported_on_first_use():
+    """`import eqattn` leaves jaxopt (and the scipy.optimize it pulls in) unimported, and
+    warns of nothing; a `JaxoptSolver` imports it."""
+    code = (
+        "import sys, warnings; warnings.simplefilter('error'); import eqattn; "
+        "print(sorted(m for m in ('jaxopt', 'scipy.optimize') if m in sys.modules))"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
 def test_result_says_how_the_solve_ended():

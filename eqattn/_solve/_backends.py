@@ -31,12 +31,19 @@ from ._equilibrium import RESULTS, Equilibrium
 from ._loop import _norm, equilibrium, iterate
 from ._solvers import AbstractFixedPointSolver
 
-with warnings.catch_warnings():
-    # jaxopt is archived upstream and warns on import; it is used only behind this interface.
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module="jaxopt")
-    warnings.filterwarnings("ignore", message=".*JAXopt is no longer maintained.*")
-    import jaxopt
-    from jaxopt import linear_solve as _jaxopt_linear
+
+@functools.cache
+def _jaxopt():
+    """jaxopt, imported on first use (its import costs about a third of eqattn's, through
+    scipy.optimize). It is archived upstream and warns on import; it is used only behind this
+    interface."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="jaxopt")
+        warnings.filterwarnings("ignore", message=".*JAXopt is no longer maintained.*")
+        import jaxopt
+        import jaxopt.linear_solve
+    return jaxopt
+
 
 _OPTX_MAX_STEPS = 256  # optx.fixed_point's own default
 
@@ -101,7 +108,7 @@ class JaxoptSolver(eqx.Module):
     options: tuple[tuple[str, Any], ...] = eqx.field(static=True)
 
     def __init__(self, cls: type, **options):
-        if not (isinstance(cls, type) and issubclass(cls, jaxopt._src.base.IterativeSolver)):
+        if not (isinstance(cls, type) and issubclass(cls, _jaxopt()._src.base.IterativeSolver)):
             raise ValueError(
                 f"JaxoptSolver: `cls` must be a jaxopt fixed-point solver class such as "
                 f"jaxopt.AndersonAcceleration; got {cls!r}."
@@ -138,7 +145,7 @@ class JaxoptSolver(eqx.Module):
         # where that is tighter (an absolute forward tol has no exact relative counterpart).
         options.setdefault(
             "implicit_diff_solve",
-            functools.partial(_jaxopt_linear.solve_normal_cg, tol=min(self.tol, 1e-5)),
+            functools.partial(_jaxopt().linear_solve.solve_normal_cg, tol=min(self.tol, 1e-5)),
         )
         if maxiter is not None:
             options["maxiter"] = maxiter
