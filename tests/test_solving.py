@@ -147,7 +147,7 @@ def test_jaxopt_backend_with_an_eqattn_adjoint_and_its_errors():
 
 def test_jaxopt_is_imported_on_first_use():
     """`import eqattn` leaves jaxopt (and the scipy.optimize it pulls in) unimported, and
-    warns of nothing; a `JaxoptSolver` imports it."""
+    warns of nothing (the tests above make `JaxoptSolver`s, which import it)."""
     code = (
         "import sys, warnings; warnings.simplefilter('error'); import eqattn; "
         "print(sorted(m for m in ('jaxopt', 'scipy.optimize') if m in sys.modules))"

@@ -222,7 +222,8 @@ def _matched_shape(config: ModelConfig, *, extended: bool) -> tuple[int, float]:
     that do not record their shape were built with)."""
     target = count_params(dataclasses.replace(config, model="deq"))
     explicit = dataclasses.replace(config, model="explicit", width=None, mlp_ratio=None)
-    count = lambda w, r: count_params(explicit, width=w, mlp_ratio=r)  # noqa: E731
+    # each (width, ratio) counted once: the rules and `_closest` revisit the same pairs
+    count = functools.cache(lambda w, r: count_params(explicit, width=w, mlp_ratio=r))
     off = lambda wr: abs(count(*wr) - target)  # noqa: E731
     width = min(range(config.heads, config.dim + 1, config.heads), key=lambda w: off((w, 2.0)))
     if config.task != "text" or off((width, 2.0)) <= 0.05 * target:
