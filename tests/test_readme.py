@@ -100,12 +100,9 @@ def _derived_figures():
     for r in gpu["rows"]:  # "auto" (cuDNN) share of the bf16 matmul rate
         if r["n"] == 16384 and r["dtype"] == "bfloat16" and "auto" in r["impl"]:
             yield f"{100 * r['frac_matmul']:.0f}"
-    ms = {
-        r["case"]: r["ms"]
-        for r in _results("memory-gpu-nvidia-h100-80gb-hbm3")["rows"]
-        if r["part"] == "core-time"
-    }
-    yield f"{ms['eqattn-chunked'] / ms['xla-dense']:.1f}"  # chunked vs dense time, H100
+    for gpu_memory in ("memory-gpu-nvidia-h100-80gb-hbm3", "memory-gpu-nvidia-h200"):
+        ms = {r["case"]: r["ms"] for r in _results(gpu_memory)["rows"] if r["part"] == "core-time"}
+        yield f"{ms['eqattn-chunked'] / ms['xla-dense']:.1f}"  # chunked vs dense time, GPUs
     ms = {
         r["case"]: r["ms"] for r in _results("memory-cpu-cpu")["rows"] if r["part"] == "core-time"
     }
