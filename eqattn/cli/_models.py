@@ -205,7 +205,7 @@ def adjoint_of(config: ModelConfig):
 
 def explicit_shape(config: ModelConfig) -> tuple[int, float]:
     """The explicit baseline's `(width, mlp_ratio)`: the configuration's own when it records
-    them, else `depth` blocks with the DEQ model's parameters (`_matched_shape`). A text model
+    them, else `depth` blocks with the DEQ model's parameters (`_matched_shape`). A setting
     that cannot come within 5% of them is refused (a `UsageError` naming both counts)."""
     if config.width is not None:
         return config.width, 2.0 if config.mlp_ratio is None else config.mlp_ratio
@@ -215,18 +215,17 @@ def explicit_shape(config: ModelConfig) -> tuple[int, float]:
 @functools.lru_cache(maxsize=64)
 def _matched_shape(config: ModelConfig, *, extended: bool) -> tuple[int, float]:
     """`depth` blocks with about the DEQ model's parameters. The width (a multiple of `heads`, at
-    most `dim`) closest at MLP ratio 2; for the text task, if that is more than 5% off, the
-    closest pair with the MLP ratio in 1 to 4 by quarters, and (`extended`, new runs) if still
-    more than 5% off, with the width up to `2 * dim` and the ratio in 0.25 to 8 (the digits keep
-    the first rule, which their checkpoints were built with; the second is what text checkpoints
-    that do not record their shape were built with)."""
+    most `dim`) closest at MLP ratio 2; if that is more than 5% off, the closest pair with the
+    MLP ratio in 1 to 4 by quarters, and if still more than 5% off, with the width up to
+    `2 * dim` and the ratio in 0.25 to 8. Checkpoints that do not record their shape were built
+    by the first rule alone (digits) or the first two (text): `extended=False` gives that."""
     target = count_params(dataclasses.replace(config, model="deq"))
     explicit = dataclasses.replace(config, model="explicit", width=None, mlp_ratio=None)
     # each (width, ratio) counted once: the rules and `_closest` revisit the same pairs
     count = functools.cache(lambda w, r: count_params(explicit, width=w, mlp_ratio=r))
     off = lambda wr: abs(count(*wr) - target)  # noqa: E731
     width = min(range(config.heads, config.dim + 1, config.heads), key=lambda w: off((w, 2.0)))
-    if config.task != "text" or off((width, 2.0)) <= 0.05 * target:
+    if off((width, 2.0)) <= 0.05 * target or (config.task != "text" and not extended):
         return width, 2.0
     best = _closest(count, target, config.heads, config.dim, (1.0, 4.0))
     if off(best) <= 0.05 * target or not extended:
