@@ -3,8 +3,10 @@
 For each dtype and padded head size D, every candidate tiling of the Triton kernels is compiled
 for the H100 (forward tilings in a forward program; backward tilings in a gradient program with
 a fixed small forward), and the Mosaic kernels' blocks for a TPU, recording each kernel's
-resources. The compiler reports resources, not speed: the choice made from this (`choose`) is
-zero spills first, then wgmma, then the most resident blocks per SM, then the largest tiles.
+resources. The compiler reports resources, not speed: the choice made from this alone
+(`choose_triton`) is zero spills first, then wgmma, then the most resident blocks per SM, then
+the largest tiles; where the `kernel` suite timed spill-free tilings on GPUs (`kernel_timings`),
+the fastest of them.
 """
 
 from __future__ import annotations
@@ -136,28 +138,77 @@ def _rank(reports: dict[str, dict | None], tile: dict):
     return (free, k["mma"] == "wgmma", occupancy, size, -tile["num_warps"], -tile["num_stages"])
 
 
-def choose_triton(rows: list[dict]) -> dict[tuple[str, int], dict[str, dict] | None]:
+def kernel_timings(payloads: list[dict]) -> dict[tuple[str, int, str], dict[tuple, float]]:
+    """What the `kernel` suite measured on GPUs (its results, one payload per device): per
+    (dtype, D, "forward" or "backward"), each tiling timed on every device -> its worst time
+    over the devices, as a ratio to the same run's default tiling. A forward tiling is the
+    forward kernel's tile; a backward one the `(dk/dv tile, dq tile)` pair. Tiles are JSON
+    strings of `Tile` fields, as in the sweep's rows."""
+    worst: dict = {}
+    for payload in payloads:
+        for r in payload["rows"]:
+            if r.get("ms") is None:  # did not compile or run on this device
+                continue
+            part = "forward" if r["mode"] == "forward" else "backward"
+            tiling = (json.dumps(r["forward"]),)
+            if part == "backward":
+                tiling = (json.dumps(r["dkdv"]), json.dumps(r["dq"]))
+            worst.setdefault((r["dtype"], r["d"], part), {}).setdefault(tiling, []).append(
+                r["ratio_to_default"]
+            )
+    n = len(payloads)
+    return {
+        key: {tiling: max(ratios) for tiling, ratios in timed.items() if len(ratios) == n}
+        for key, timed in worst.items()
+    }
+
+
+def choose_triton(
+    rows: list[dict], timings: dict | None = None
+) -> dict[tuple[str, int], dict[str, dict] | None]:
     """Per (dtype, D) and kernel, the best tile of a sweep (see `_rank`); None for a (dtype, D)
-    where some kernel has no tile that is spill-free with and without a mask."""
+    where some kernel has no tile that is spill-free with and without a mask. Where `timings`
+    (`kernel_timings`) has tilings of a (dtype, D) whose every tile is spill-free with and
+    without a mask, the fastest of those is chosen instead (the compiler reports resources; the
+    device decides speed)."""
     table: dict = {}
     for key in dict.fromkeys((r["dtype"], r["d"]) for r in rows):
-        chosen = {}
+        chosen, free = {}, {}
         for kernel, mode in KERNELS.items():
-            name = f"eqattn_attention_{kernel}"
-            reports: dict = {}  # tile -> mask -> the kernel's report
-            for r in rows:
-                if (r["dtype"], r["d"]) == key and r["pass"] == mode:
-                    report = r["kernels"].get(name) if r["compiled"] else None
-                    reports.setdefault(json.dumps(r["tile"]), {})[r["mask"]] = report
-            found = [
-                (_rank(by_mask, json.loads(tile)), json.loads(tile))
-                for tile, by_mask in reports.items()
-                if _spill_free(by_mask.get("none"))
-            ]
+            found = _found(rows, key, kernel, mode)
+            free[kernel] = {json.dumps(tile) for rank, tile in found if rank[0]}
             best = max(found, key=lambda f: f[0], default=None)
             chosen[kernel] = best[1] if best and best[0][0] else None
-        table[key] = None if None in chosen.values() else chosen
+        if None in chosen.values():
+            table[key] = None
+            continue
+        for part, kernels in (("forward", ("forward",)), ("backward", ("dkdv", "dq"))):
+            timed = (timings or {}).get((*key, part), {})
+            fine = {
+                tiling: ratio
+                for tiling, ratio in timed.items()
+                if all(tile in free[k] for tile, k in zip(tiling, kernels))
+            }
+            if fine:
+                fastest = min(fine, key=fine.get)
+                chosen.update({k: json.loads(tile) for tile, k in zip(fastest, kernels)})
+        table[key] = chosen
     return table
+
+
+def _found(rows, key, kernel: str, mode: str) -> list[tuple[tuple, dict]]:
+    """`(rank, tile)` of each tile of `kernel` that compiles spill-free without a mask."""
+    name = f"eqattn_attention_{kernel}"
+    reports: dict = {}  # tile -> mask -> the kernel's report
+    for r in rows:
+        if (r["dtype"], r["d"]) == key and r["pass"] == mode:
+            report = r["kernels"].get(name) if r["compiled"] else None
+            reports.setdefault(json.dumps(r["tile"]), {})[r["mask"]] = report
+    return [
+        (_rank(by_mask, json.loads(tile)), json.loads(tile))
+        for tile, by_mask in reports.items()
+        if _spill_free(by_mask.get("none"))
+    ]
 
 
 # One table for every TPU generation: within this share of the least scoped VMEM (v4, v5e).

@@ -34,10 +34,14 @@ def _spills_everywhere(rows, key, kernel) -> bool:
 
 
 def test_triton_table_is_the_sweeps_choice():
-    # The H100 table in `_triton` is what the rule picks from the committed sweep: no tile was
-    # edited by hand, and each is spill-free in ptxas's report, with and without a mask.
+    # The H100 table in `_triton` is what the rule picks from the committed sweep and the GPU
+    # kernel timings: no tile was edited by hand, and each is spill-free in ptxas's report, with
+    # and without a mask.
     rows = _sweep_rows("h100")
-    chosen = _sweep.choose_triton(rows)
+    timed = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("kernel-gpu-*.json"))]
+    assert len(timed) >= 2  # an H100 and an H200
+    timings = _sweep.kernel_timings(timed)
+    chosen = _sweep.choose_triton(rows, timings)
     assert set(chosen) == set(_triton._H100)
     for key, tiles in chosen.items():
         blocks = _triton._H100[key]
@@ -57,6 +61,42 @@ def test_triton_table_is_the_sweeps_choice():
             for row in found:  # spill-free with and without a mask
                 report = row["kernels"][f"eqattn_attention_{kernel}"]
                 assert report["spill_stores"] == report["spill_loads"] == 0
+
+
+def test_kernel_timings_take_each_tilings_worst_device():
+    a, b, c = (
+        {"block_q": q, "block_k": 64, "num_warps": 4, "num_stages": 2} for q in (32, 64, 128)
+    )
+    row = lambda mode, fwd, bwd, ratio: dict(  # noqa: E731
+        dtype="bfloat16",
+        d=64,
+        mode=mode,
+        forward=fwd,
+        dkdv=bwd,
+        dq=bwd,
+        ms=1.0,
+        ratio_to_default=ratio,
+    )
+    h100 = {
+        "rows": [
+            row("forward", a, a, 1.0),
+            row("forward", b, a, 0.5),
+            row("forward", c, a, 0.4),
+            row("forward+backward", a, b, 0.7),
+        ]
+    }
+    h200 = {
+        "rows": [
+            row("forward", a, a, 1.0),
+            row("forward", b, a, 0.6),
+            row("forward+backward", a, b, 0.8) | {"ms": None},
+        ]
+    }
+    timings = _sweep.kernel_timings([h100, h200])
+    key = json.dumps
+    # c was timed on one device only, the backward tiling did not run on the H200
+    assert timings[("bfloat16", 64, "forward")] == {(key(a),): 1.0, (key(b),): 0.6}
+    assert timings[("bfloat16", 64, "backward")] == {}
 
 
 def test_mosaic_table_is_the_sweeps_choice():

@@ -121,6 +121,7 @@ def _derived_figures():
     }
     for mode in ("forward", "forward+backward"):
         yield f"{100 * ms[mode, 'cudnn'] / ms[mode, 'eqattn-pallas']:.0f}"
+    yield from _table_tiling_ratios()
     text = _results("text-cpu-cpu")["rows"]
     memory = {(r["model"], r["context"]): r["temp_mb"] for r in text if r["part"] == "context"}
     for context in (256, 1024, 4096):  # the DEQ's step memory over the explicit model's
@@ -133,6 +134,20 @@ def _derived_figures():
     for v in rows.values():  # points lost against the defaults
         yield f"{100 * (defaults - v):.1f}"
         yield f"{100 * (defaults - v):.0f}"
+
+
+def _table_tiling_ratios():
+    """The kernel sweeps' times of the tilings the H100 tile table now holds, against the
+    defaults those sweeps ran with (each GPU's file)."""
+    from eqattn._attention._pallas import _triton
+
+    for path in sorted((ROOT / "benchmarks" / "results").glob("kernel-gpu-*.json")):
+        for r in json.loads(path.read_text())["rows"]:
+            table = _triton._H100[r["dtype"], r["d"]]
+            kernels = ("forward",) if r["mode"] == "forward" else ("dkdv", "dq")
+            held = all(_triton.Tile(**r[k]) == getattr(table, k) for k in kernels)
+            if held and r["tiling"] != "default":
+                yield f"{r['ratio_to_default']:.2f}"
 
 
 # Figures in the summary that are not measurements: targets and problem sizes.

@@ -71,27 +71,28 @@ class Blocks:
 REFUSAL = "has no spill-free tiling"
 
 # Tiles per (dtype, padded head size D) for the H100 (sm_90a), chosen by
-# `python -m benchmarks compile --sweep --target h100` (results in
-# `benchmarks/results/compile-sweep-h100.json`, 8 x 4,096 queries and keys): 54 forward tiles
-# and 64 backward tiles (16 to 128 queries x keys, 4 or 8 warps, 1 to 3 stages) of each kernel
-# compiled by ptxas for sm_90a, without a mask and with a per-query `[n, m]` mask, and for each
-# kernel the chosen tile is, in order: free of register spills in both; one whose PTX has
-# Hopper's warpgroup MMA (wgmma) if a spill-free one does; the one with the most resident warps
-# per SM (occupancy, from its registers, shared memory and threads); the largest (queries x
-# keys); the fewest warps, then stages. None marks a (dtype, D) where some kernel has no such
-# tile, refused before compiling (`refusal`): float32 at D = 256, whose dk/dv kernel spills in
-# every tiling with a per-query mask (at least 2,524 bytes). The compiler reports resources, not
-# speed: these tiles are not timed (the `kernel` suite times alternatives on a GPU).
+# `benchmarks._sweep.choose_triton` from two sets of results. The compiler's:
+# `python -m benchmarks compile --sweep --target h100` (`benchmarks/results/compile-sweep-h100.json`,
+# 8 x 4,096 queries and keys): 54 forward tiles and 64 backward tiles (16 to 128 queries x keys,
+# 4 or 8 warps, 1 to 3 stages) of each kernel compiled by ptxas for sm_90a, without a mask and
+# with a per-query `[n, m]` mask. Only a tile free of register spills in both is a candidate; None
+# marks a (dtype, D) where some kernel has none, refused before compiling (`refusal`): float32 at
+# D = 256, whose dk/dv kernel spills in every tiling with a per-query mask (at least 2,524 bytes).
+# Then the devices': where the `kernel` suite timed candidates on GPUs (`kernel-gpu-*.json`: an
+# H100 and an H200, float32 and bfloat16 at D = 64 and 128, 4,096 queries and keys, no mask), the
+# fastest (the least worst time over the devices); elsewhere (float16, other D), by the compiler's
+# report alone: wgmma if a spill-free tile has it, then the most resident warps per SM, the
+# largest tile, the fewest warps, then stages (not timed).
 _H100: dict[tuple[str, int], Blocks | None] = {
     ("float32", 16): Blocks(Tile(128, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
     ("float32", 32): Blocks(Tile(64, 32, 8, 1), Tile(16, 128, 8, 1), Tile(64, 16, 8, 1)),
-    ("float32", 64): Blocks(Tile(64, 64, 8, 1), Tile(128, 64, 8, 1), Tile(64, 16, 8, 2)),
-    ("float32", 128): Blocks(Tile(64, 128, 8, 1), Tile(16, 64, 8, 1), Tile(64, 32, 8, 1)),
+    ("float32", 64): Blocks(Tile(128, 32, 4, 3), Tile(64, 64, 4, 2), Tile(64, 64, 4, 2)),
+    ("float32", 128): Blocks(Tile(128, 64, 8, 2), Tile(16, 64, 8, 1), Tile(64, 32, 8, 1)),
     ("float32", 256): None,
     ("bfloat16", 16): Blocks(Tile(64, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
     ("bfloat16", 32): Blocks(Tile(128, 32, 8, 1), Tile(64, 16, 4, 1), Tile(128, 16, 8, 1)),
-    ("bfloat16", 64): Blocks(Tile(64, 32, 8, 1), Tile(128, 16, 8, 2), Tile(64, 16, 8, 1)),
-    ("bfloat16", 128): Blocks(Tile(64, 64, 8, 1), Tile(64, 32, 8, 1), Tile(64, 32, 8, 2)),
+    ("bfloat16", 64): Blocks(Tile(128, 128, 8, 3), Tile(64, 64, 4, 2), Tile(64, 64, 4, 2)),
+    ("bfloat16", 128): Blocks(Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(128, 64, 8, 2)),
     ("bfloat16", 256): Blocks(Tile(64, 128, 8, 1), Tile(128, 64, 8, 1), Tile(64, 64, 8, 2)),
     ("float16", 16): Blocks(Tile(64, 32, 8, 1), Tile(16, 64, 8, 1), Tile(64, 16, 8, 1)),
     ("float16", 32): Blocks(Tile(128, 32, 8, 1), Tile(64, 16, 4, 1), Tile(128, 16, 8, 1)),
@@ -104,7 +105,7 @@ _H100: dict[tuple[str, int], Blocks | None] = {
 def default_blocks(n: int, m: int, d: int, dv: int, dtype, *, compiled: bool = True):
     """The tiles for these sizes from the H100 table (no larger than the padded sizes), or None
     where no tiling is spill-free and the kernels are `compiled` (interpreted, on CPU, any tile
-    runs). Other NVIDIA GPUs take the same tiles until measured."""
+    runs). Other NVIDIA GPUs take the same tiles."""
     width = _tile.pow2(max(d, dv))
     blocks = _H100.get((jnp.dtype(dtype).name, width), Blocks())
     if blocks is None:
