@@ -141,26 +141,33 @@ def _rank(reports: dict[str, dict | None], tile: dict):
 def kernel_timings(payloads: list[dict]) -> dict[tuple[str, int, str], dict[tuple, float]]:
     """What the `kernel` suite measured on GPUs (its results, one payload per device): per
     (dtype, D, "forward" or "backward"), each tiling timed on every device -> its worst time
-    over the devices, as a ratio to the same run's default tiling. A forward tiling is the
-    forward kernel's tile; a backward one the `(dk/dv tile, dq tile)` pair. Tiles are JSON
-    strings of `Tile` fields, as in the sweep's rows."""
+    over the devices, as a ratio to the fastest tiling of the same run (so runs made with
+    different default tiles compare). A forward tiling is the forward kernel's tile; a backward
+    one the `(dk/dv tile, dq tile)` pair; a tile is `tile_key` of its `Tile` fields."""
     worst: dict = {}
     for payload in payloads:
+        groups: dict = {}
         for r in payload["rows"]:
-            if r.get("ms") is None:  # did not compile or run on this device
-                continue
-            part = "forward" if r["mode"] == "forward" else "backward"
-            tiling = (json.dumps(r["forward"]),)
-            if part == "backward":
-                tiling = (json.dumps(r["dkdv"]), json.dumps(r["dq"]))
-            worst.setdefault((r["dtype"], r["d"], part), {}).setdefault(tiling, []).append(
-                r["ratio_to_default"]
-            )
+            if r.get("ms") is not None:  # None: did not compile or run on this device
+                part = "forward" if r["mode"] == "forward" else "backward"
+                groups.setdefault((r["dtype"], r["d"], part), []).append(r)
+        for (dtype, d, part), timed in groups.items():
+            fastest = min(r["ms"] for r in timed)
+            kernels = ("forward",) if part == "forward" else ("dkdv", "dq")
+            for r in timed:
+                tiling = tuple(tile_key(r[k]) for k in kernels)
+                ratios = worst.setdefault((dtype, d, part), {}).setdefault(tiling, [])
+                ratios.append(r["ms"] / fastest)
     n = len(payloads)
     return {
         key: {tiling: max(ratios) for tiling, ratios in timed.items() if len(ratios) == n}
         for key, timed in worst.items()
     }
+
+
+def tile_key(tile: dict) -> str:
+    """A tile's fields as a string (JSON, keys sorted)."""
+    return json.dumps(tile, sort_keys=True)
 
 
 def choose_triton(
@@ -176,7 +183,7 @@ def choose_triton(
         chosen, free = {}, {}
         for kernel, mode in KERNELS.items():
             found = _found(rows, key, kernel, mode)
-            free[kernel] = {json.dumps(tile) for rank, tile in found if rank[0]}
+            free[kernel] = {tile_key(tile) for rank, tile in found if rank[0]}
             best = max(found, key=lambda f: f[0], default=None)
             chosen[kernel] = best[1] if best and best[0][0] else None
         if None in chosen.values():

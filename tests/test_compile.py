@@ -67,35 +67,29 @@ def test_kernel_timings_take_each_tilings_worst_device():
     a, b, c = (
         {"block_q": q, "block_k": 64, "num_warps": 4, "num_stages": 2} for q in (32, 64, 128)
     )
-    row = lambda mode, fwd, bwd, ratio: dict(  # noqa: E731
-        dtype="bfloat16",
-        d=64,
-        mode=mode,
-        forward=fwd,
-        dkdv=bwd,
-        dq=bwd,
-        ms=1.0,
-        ratio_to_default=ratio,
+    row = lambda mode, fwd, bwd, ms: dict(  # noqa: E731
+        dtype="bfloat16", d=64, mode=mode, forward=fwd, dkdv=bwd, dq=bwd, ms=ms
     )
     h100 = {
         "rows": [
-            row("forward", a, a, 1.0),
-            row("forward", b, a, 0.5),
-            row("forward", c, a, 0.4),
-            row("forward+backward", a, b, 0.7),
+            row("forward", a, a, 2.0),
+            row("forward", b, a, 1.0),
+            row("forward", c, a, 0.8),
+            row("forward+backward", a, b, 3.0),
         ]
     }
     h200 = {
         "rows": [
-            row("forward", a, a, 1.0),
-            row("forward", b, a, 0.6),
-            row("forward+backward", a, b, 0.8) | {"ms": None},
+            row("forward", a, a, 3.0),
+            row("forward", b, a, 2.0),
+            row("forward+backward", a, b, None),
         ]
     }
     timings = _sweep.kernel_timings([h100, h200])
-    key = json.dumps
-    # c was timed on one device only, the backward tiling did not run on the H200
-    assert timings[("bfloat16", 64, "forward")] == {(key(a),): 1.0, (key(b),): 0.6}
+    key = _sweep.tile_key
+    # times against each run's fastest (h100: c, 0.8 ms; h200: b), the worst over the runs; c
+    # was timed on one device only, and the backward tiling did not run on the H200
+    assert timings[("bfloat16", 64, "forward")] == {(key(a),): 2.5, (key(b),): 1.25}
     assert timings[("bfloat16", 64, "backward")] == {}
 
 
