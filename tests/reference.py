@@ -1,6 +1,25 @@
-"""Independent float64 numpy references."""
+"""Independent references: float64 numpy, and parameter counts of built models."""
 
 import numpy as np
+
+
+def built_model(config):
+    """The shapes of `eqattn train`'s model for `config` (`ModelConfig`; nothing initialised)."""
+    import equinox as eqx
+    import jax
+
+    from eqattn.cli._models import build_model
+
+    return eqx.filter_eval_shape(build_model, config, jax.random.key(0))
+
+
+def parameter_count(shapes) -> int:
+    """Every floating-point leaf's size (embeddings, positions and read-out included), counted
+    from the leaves rather than by the model code's own count."""
+    import jax
+
+    leaves = [x for x in jax.tree.leaves(shapes) if isinstance(x, jax.ShapeDtypeStruct)]
+    return sum(x.size for x in leaves if np.issubdtype(x.dtype, np.inexact))
 
 
 def attention_with_lse(q, k, v=None, beta=1.0, mask=None):

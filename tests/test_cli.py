@@ -99,15 +99,9 @@ def test_explicit_baseline_matches_parameters(trained, capsys, tmp_path):
 def test_explicit_digits_model_has_the_deqs_parameters_within_5_percent(dim, heads):
     """Counted from the leaves of the models as built (their shapes: nothing is initialised).
     At every one of these settings the width alone (MLP ratio 2) missed by 10% to 20%."""
-    import equinox as eqx
+    from .reference import built_model, parameter_count
 
-    from eqattn.cli._models import build_model
-
-    def count(config):
-        shapes = eqx.filter_eval_shape(build_model, config, jax.random.key(0))
-        leaves = [x for x in jax.tree.leaves(shapes) if isinstance(x, jax.ShapeDtypeStruct)]
-        return sum(x.size for x in leaves if np.issubdtype(x.dtype, np.inexact))
-
+    count = lambda config: parameter_count(built_model(config))  # noqa: E731
     deq = count(ModelConfig(dim=dim, heads=heads))
     assert deq > 8 * dim * dim  # one block: attention 4 d^2, MLP 4 d^2
     assert abs(count(ModelConfig(model="explicit", dim=dim, heads=heads)) - deq) <= 0.05 * deq

@@ -194,17 +194,9 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(
 ):
     """Every parameter counted (embeddings, positions and read-out included), from the leaves
     of the models as built (their shapes: nothing is initialised)."""
-    import equinox as eqx
-
     from eqattn.cli import ModelConfig
-    from eqattn.cli._models import build_model
 
-    def count(shapes):
-        leaves = [x for x in jax.tree.leaves(shapes) if isinstance(x, jax.ShapeDtypeStruct)]
-        return sum(x.size for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact))
-
-    def built(config):
-        return eqx.filter_eval_shape(build_model, config, jax.random.key(0))
+    from .reference import built_model as built, parameter_count as count
 
     config = ModelConfig(
         task="text", dim=dim, heads=heads, context=context, depth=depth, stem_depth=stem
