@@ -114,13 +114,14 @@ def _derived_figures():
         if r.get("of_one_device") is not None:
             yield f"{100 * r['of_one_device']:.1f}"  # % of one device's memory
     yield f"{_results('deq-gpu-nvidia-h100-80gb-hbm3')['floor_ms']['P1 float32']:.2f}"  # H100
-    ms = {  # the fused kernel's share of cuDNN's throughput, H100, bf16, n = m = 16384
-        (r["mode"], r["impl"]): r["ms"]
-        for r in gpu["rows"]
-        if r["n"] == 16384 and r["dtype"] == "bfloat16"
-    }
-    for mode in ("forward", "forward+backward"):
-        yield f"{100 * ms[mode, 'cudnn'] / ms[mode, 'eqattn-pallas']:.0f}"
+    for device in ("h100-80gb-hbm3", "h200"):  # the fused kernel's share of cuDNN's throughput
+        ms = {  # bf16, n = m = 16384
+            (r["mode"], r["impl"]): r["ms"]
+            for r in _results(f"core-gpu-nvidia-{device}")["rows"]
+            if r["n"] == 16384 and r["dtype"] == "bfloat16"
+        }
+        for mode in ("forward", "forward+backward"):
+            yield f"{100 * ms[mode, 'cudnn'] / ms[mode, 'eqattn-pallas']:.0f}"
     yield from _table_tiling_ratios()
     text = _results("text-cpu-cpu")["rows"]
     memory = {(r["model"], r["context"]): r["temp_mb"] for r in text if r["part"] == "context"}
