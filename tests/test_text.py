@@ -184,6 +184,27 @@ def test_greedy_generation_matches_resolving_the_window():
     assert out.converged.all() and out.steps.shape == (12,)
 
 
+def test_sampled_bytes_follow_the_softmax_of_the_logits_over_the_temperature():
+    """Sampling draws from softmax(logits / temperature) over the `top_k` most likely bytes: the
+    first bytes of 4000 identical prompts (independent draws, one batch) against the float64
+    probabilities of the full forward pass, each of the top 3 within 5 standard errors; and a
+    key reproduces its bytes."""
+    model = _language_model("explicit")
+    n, temperature = 4000, 0.5
+    logits = np.asarray(model(jnp.asarray(text.encode("ab", 16)[0]))[-1], np.float64)
+    top = np.argsort(logits)[-3:]
+    p = np.exp((logits[top] - logits[top].max()) / temperature)
+    p /= p.sum()
+    out = text.generate(model, ["ab"] * n, 2, temperature=temperature, top_k=3)
+    first = np.array([t[0] for t in out.text])
+    assert set(first.tolist()) <= set(top.tolist())
+    for byte, prob in zip(top, p):
+        assert abs(np.mean(first == byte) - prob) < 5 * np.sqrt(prob * (1 - prob) / n), (byte, prob)
+    key = jax.random.key(7)
+    again = [text.generate(model, "ab", 8, temperature=1.0, key=key).text for _ in range(2)]
+    assert again[0] == again[1]
+
+
 def test_generation_batches_and_edges():
     model = _language_model("explicit")
     single = [text.generate(model, p, 6, temperature=0.0).text for p in ("a", "hello there")]
