@@ -618,7 +618,7 @@ def text(payload) -> str:
                 f"{r['ms_per_token']:.3g}",
                 f"{r['tokens_per_s']:.0f}",
                 f"{r['of_deq_cached']:.2f}",
-                "" if r["model"] == "explicit" else r["solver_steps"],
+                "" if r["model"] == "explicit" or r["solver_steps"] is None else r["solver_steps"],
             ]
             for r in part("generation")
         ],

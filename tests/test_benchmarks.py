@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.__main__ import SUITES
@@ -82,7 +83,12 @@ def _check_text(payload):
         ("deq", "re-solve warm"),
         ("explicit", "cached"),
         ("explicit", "re-run"),
+        ("deq", "generate()"),
+        ("explicit", "generate()"),
     }
+    # text.generate end to end: a marginal time per byte (sign not checked: --quick generates
+    # 2 and 7 bytes twice each, within the noise)
+    assert all(np.isfinite(r["ms_per_token"]) for r in part("generation"))
     # the GPU command's `--short` run has no training runs: its report starts at the step table
     from benchmarks.report import text
 
