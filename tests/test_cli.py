@@ -237,7 +237,8 @@ def test_training_levers(capsys, tmp_path):
     for argv, pattern in [
         (["--corrections", "-1"], "--corrections must be >= 0"),
         (["--correction-decay", "0"], "--correction-decay must be in (0, 1]"),
-        (["--train-steps", "0"], "--train-steps must be >= 1"),
+        (["--train-steps", "1"], "--train-steps must be >= 2 (a budget of 1 evaluates"),
+        (["--max-steps", "1"], "--max-steps must be >= 2 (a budget of 1 evaluates"),
         (["--jacobian-weight", "-1"], "--jacobian-weight must be finite and >= 0"),
         (["--jacobian-share", "0"], "--jacobian-share must be in (0, 1]"),
         (["--backward-steps", "0"], "--backward-steps must be >= 1"),

@@ -540,6 +540,10 @@ def test_warm_start_and_step_budget_without_recompiling():
     z0 = jnp.zeros((N, D))
     few, full = solve(z0, 3), solve(z0, 60)
     assert int(few.steps) == 3 and not few.converged
+    # a budget of one evaluation only tests the start: the start comes back, unconverged (why
+    # the command line refuses --max-steps / --train-steps 1)
+    one = solve(z0 + 0.5, 1)
+    assert int(one.steps) == 1 and not one.converged and bool(jnp.all(one.value == 0.5))
     assert full.converged and int(full.steps) > 3
     warm = solve(full.value, 60)
     assert warm.converged and int(warm.steps) == 1

@@ -74,6 +74,10 @@ def text_defaults(model: str) -> dict[str, Any]:
     return {**TEXT_DEFAULTS, **(TEXT_DEQ_DEFAULTS if model == "deq" else {})}
 
 
+# A solve's budget counts evaluations of the map; the first one tests the starting point, so a
+# budget of 1 returns the start itself (zeros, or a warm start): a model whose output does not
+# depend on its input.
+ONE_EVALUATION = "a budget of 1 evaluates the map at the solve's start only and returns the start"
 ADJOINTS = ("implicit", "phantom", "jacobian-free", "unrolled", "shared-inverse")
 NUM_CLASSES = 10
 
@@ -142,7 +146,9 @@ class ModelConfig:
             raise UsageError(f"--backward-steps must be >= 1; got {self.backward_steps}")
         if not 0 < self.phantom_damping <= 1:
             raise UsageError(f"--phantom-damping must be in (0, 1]; got {self.phantom_damping}")
-        for name in ("dim", "heads", "depth", "cell_depth", "max_steps", "phantom_steps"):
+        if self.max_steps < 2:
+            raise UsageError(f"--max-steps must be >= 2 ({ONE_EVALUATION}); got {self.max_steps}")
+        for name in ("dim", "heads", "depth", "cell_depth", "phantom_steps"):
             if getattr(self, name) < 1:
                 raise UsageError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"

@@ -15,6 +15,7 @@ import optax
 from ._errors import UsageError
 from ._models import (
     NUM_CLASSES,
+    ONE_EVALUATION,
     ModelConfig,
     correction_segments,
     predict,
@@ -80,8 +81,10 @@ class TrainConfig:
             raise UsageError(f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
         if self.train_size is not None and self.train_size < 1:
             raise UsageError(f"--train-size must be >= 1; got {self.train_size}")
-        if self.train_steps is not None and self.train_steps < 1:
-            raise UsageError(f"--train-steps must be >= 1; got {self.train_steps}")
+        if self.train_steps is not None and self.train_steps < 2:
+            raise UsageError(
+                f"--train-steps must be >= 2 ({ONE_EVALUATION}); got {self.train_steps}"
+            )
         if self.corrections < 0:
             raise UsageError(f"--corrections must be >= 0; got {self.corrections}")
         if not 0 < self.correction_decay <= 1:
