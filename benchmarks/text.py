@@ -1,7 +1,7 @@
 """`text`: the byte-level language model of `eqattn train --task text`, the DEQ against the
 explicit baseline of equal parameters.
 
-1. Paired runs: `eqattn.cli.train` of both models with the command's text defaults (the default
+1. Paired runs: `eqattn.train.train` of both models with the command's text defaults (the default
    corpus, context 256), seeds 0 to 2, round-robin seed by seed: test bits per byte and training
    time, and the DEQ's over the explicit model's per seed (median over the seeds); the target is
    DEQ bits per byte <= explicit + 0.05 at <= 1.5x its training time. The DEQ settings of
@@ -43,11 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqattn
-from eqattn.cli import text_configs
-from eqattn.cli._models import build_model
-from eqattn.cli._step import optimizer_of
-from eqattn.cli._text import make_text_train_step
-from eqattn.cli._train import train
+from eqattn.train import TextTask, build_model, optimizer_of, text_configs, train
 
 from ._harness import External, in_fresh_process, print_table, time_interleaved
 
@@ -154,7 +150,7 @@ def _step(model_config, config, batch):
     model = build_model(model_config, jax.random.key(0))
     optimizer = optimizer_of(config, 1000)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    step = make_text_train_step(model_config, config, optimizer)
+    step = TextTask.train_step(model_config, config, optimizer)
     params, static = eqx.partition(model, eqx.is_array)
     context = model_config.context
     rng = np.random.default_rng(0)

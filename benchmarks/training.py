@@ -23,7 +23,7 @@ before that change.
    costs less, against the explicit one, than the steps of a training run do (the same step
    repeated on the same batch, its solves at their shortest): the full runs' training times are
    the cost to compare.
-2. Full runs: `eqattn.cli.train` per case and seed (0 to 4; 0 to 9 for the rows that carry the
+2. Full runs: `eqattn.train.train` per case and seed (0 to 4; 0 to 9 for the rows that carry the
    target: the baseline, the defaults, the defaults at the previous learning rate and with a
    budget of 9, and the Neumann backward with a budget of 10; the command's defaults
    otherwise: 40 epochs), round-robin over the cases seed by seed: test
@@ -49,9 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqattn import data
-from eqattn.cli._models import ModelConfig, build_model
-from eqattn.cli._step import TrainConfig, make_train_step, optimizer_of
-from eqattn.cli._train import train
+from eqattn.train import DigitsTask, ModelConfig, TrainConfig, build_model, optimizer_of, train
 
 from ._harness import print_table, time_interleaved
 
@@ -141,7 +139,7 @@ def _step_case(model_config: ModelConfig, config: TrainConfig, x, y):
     model = build_model(model_config, jax.random.key(0))
     optimizer = optimizer_of(config, 1000)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    step = make_train_step(model_config, config, optimizer)
+    step = DigitsTask.train_step(model_config, config, optimizer)
     params, static = eqx.partition(model, eqx.is_array)
     z0 = None
     if model_config.model == "deq" and config.warm_start:

@@ -15,6 +15,7 @@ from ._attention import (
     split_heads as split_heads,
 )
 from ._hopfield import hopfield_energy as hopfield_energy, hopfield_update as hopfield_update
+from ._info import info as info
 from ._measures import (
     AbstractCarrier as AbstractCarrier,
     Discrete as Discrete,

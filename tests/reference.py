@@ -8,7 +8,7 @@ def built_model(config):
     import equinox as eqx
     import jax
 
-    from eqattn.cli._models import build_model
+    from eqattn.train import build_model
 
     return eqx.filter_eval_shape(build_model, config, jax.random.key(0))
 

@@ -16,9 +16,10 @@ pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
 from eqattn.cli import main  # noqa: E402
-from eqattn.cli._errors import UsageError  # noqa: E402
-from eqattn.cli._models import ModelConfig, adjoint_of  # noqa: E402
-from eqattn.cli._step import shift_images  # noqa: E402
+from eqattn.train import ConfigError, ModelConfig, explicit_shape, load_model  # noqa: E402
+from eqattn.train._checkpoint import read_header  # noqa: E402
+from eqattn.train._digits import shift_images  # noqa: E402
+from eqattn.train._models import adjoint_of  # noqa: E402
 
 # The command runs in JAX's default float32 for its users (the suite's default is float64).
 pytestmark = pytest.mark.float32
@@ -112,9 +113,6 @@ def test_an_explicit_digits_checkpoint_without_its_shape_still_loads():
     (tests/fixtures/digits-explicit-v1, by commit 5a69270) rebuilds the shape it was built with
     (width 4 at MLP ratio 2, 20% short of the DEQ's parameters) and gives that commit's logits;
     a new run of its settings is built otherwise."""
-    from eqattn.cli import load_model
-    from eqattn.cli._checkpoint import read_header
-    from eqattn.cli._models import explicit_shape
     from eqattn.data import load_digits, tokenize
 
     fixture = ROOT / "tests" / "fixtures" / "digits-explicit-v1"
@@ -130,7 +128,7 @@ def test_an_explicit_digits_checkpoint_without_its_shape_still_loads():
         logits, expected["logits_of_the_first_4_test_images"], rtol=1e-6, atol=1e-6
     )
     _, header = read_header(fixture / "checkpoint.eqx")
-    assert explicit_shape(ModelConfig(**header["config"])) == (4, 3.25)
+    assert explicit_shape(ModelConfig(**header["config"])) == (4, 3.25)  # a new run's shape
 
 
 def _one_line_error(code, err, expected_code, pattern):
@@ -165,9 +163,11 @@ def test_errors_are_one_line(trained, capsys, tmp_path):
     code, _, err = run(capsys, "train", *TINY, "--train-steps", "100", "--out", str(out))
     _one_line_error(code, err, 2, "--train-steps (100) must be at most --max-steps")
     assert not out.exists()  # refused before anything is written
-    from eqattn.cli import ModelConfig, TrainConfig, train
+    from eqattn.train import TrainConfig, train
 
-    with pytest.raises(UsageError, match=r"train_steps \(100\) must be at most max_steps \(8\)"):
+    with pytest.raises(
+        ConfigError, match=r"--train-steps \(100\) must be at most --max-steps \(8\)"
+    ):
         train(ModelConfig(max_steps=8), TrainConfig(train_steps=100), out)  # the Python API too
     assert not out.exists()
 
@@ -289,7 +289,6 @@ def test_a_checkpoint_of_the_earlier_model_layout_still_loads():
     """A checkpoint written before the models held `TokenEmbedding` and `ReadOut` modules (its
     logits recorded by that code) loads into today's models with the same logits: the modules
     keep the leaf order checkpoints are written in."""
-    from eqattn.cli import load_model
     from eqattn.data import load_digits, tokenize
 
     fixture = ROOT / "tests" / "fixtures" / "checkpoint-v2"

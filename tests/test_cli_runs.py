@@ -237,7 +237,7 @@ def test_failures_exit_1_and_debug_shows_the_traceback(reference, tmp_path, caps
         env=_env(),
         timeout=120,
     )
-    assert shown.returncode == 1 and "Traceback" in shown.stderr and "CommandError" in shown.stderr
+    assert shown.returncode == 1 and "Traceback" in shown.stderr and "RunError" in shown.stderr
     via_env = subprocess.run(
         [sys.executable, "-m", "eqattn", "evaluate", "--checkpoint", "missing.eqx"],
         capture_output=True,

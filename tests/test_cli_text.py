@@ -12,11 +12,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import eqattn.train
 from eqattn import text
-from eqattn.cli import _train as train_module, main
-from eqattn.cli._checkpoint import read_header
-from eqattn.cli._errors import CommandError
-from eqattn.cli._models import ModelConfig, build_model, explicit_shape
+from eqattn.cli import main
+from eqattn.train import (
+    ModelConfig,
+    RunError,
+    _trainer as trainer_module,
+    build_model,
+    explicit_shape,
+    load_model,
+    text_configs,
+)
+from eqattn.train._checkpoint import read_header
 
 pytestmark = pytest.mark.float32
 ROOT = Path(__file__).parent.parent
@@ -80,7 +88,7 @@ def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     assert metrics["corpus"] == loaded.info and metrics["task"] == "text"
     assert metrics["test_scored_bytes"] == loaded.info["bytes"]["test"]
     assert metrics["evaluation"]["context"] == CONTEXT and metrics["evaluation"]["stride"] == 8
-    model = text.load_model(out)
+    model = load_model(out).model
     assert model.block.depth == 2 and len(model.stem) == 1 and model.block.attend_input
     shape = {"dim": 8, "cell_depth": 2, "stem_depth": 1, "attend_input": True}
     assert metrics["model_shape"] == shape
@@ -122,7 +130,7 @@ def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
         if name == "step:2:1":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_module, "failpoint", interrupt)
+    monkeypatch.setattr(trainer_module, "failpoint", interrupt)
     assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
     assert "--resume --out" in capsys.readouterr().err
     stopped = json.loads((tmp_path / "cut" / "metrics.json").read_text())
@@ -142,7 +150,7 @@ def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
     capsys.readouterr()
     argv = ["generate", "--checkpoint", str(tmp_path / "cut"), "--prompt", "def"]
     assert main([*argv, "--tokens", "6", "--temperature", "0"]) == 0
-    greedy = text.generate(text.load_model(tmp_path / "cut"), "def", 6, temperature=0.0).text
+    greedy = text.generate(load_model(tmp_path / "cut").model, "def", 6, temperature=0.0).text
     assert capsys.readouterr().out == "def" + greedy.decode("utf-8", errors="replace") + "\n"
 
 
@@ -155,12 +163,12 @@ def test_text_refusals_are_one_line(corpus, tmp_path, capsys):
     (tmp_path / "small.txt").write_text("tiny")
     for argv, code, message in [
         ([*TINY, "--context", "1"], 2, "--context must be >= 2"),
-        (["--text", str(corpus)], 2, "--text is for --task text"),
+        (["--text", str(corpus)], 2, "--text is not for --task digits"),
         ([*TINY, "--text", str(tmp_path / "empty")], 2, "the corpus has no text"),
         ([*TINY, "--text", str(tmp_path / "small.txt")], 2, "too small to split"),
         ([*TINY, "--text", str(tmp_path / "nope")], 2, "no such file or folder"),
-        ([*TINY, "--text", str(corpus), "--warm-start"], 2, "--warm-start is for the digits"),
-        ([*TINY, "--text", str(corpus), "--corrections", "2"], 2, "--corrections is for"),
+        ([*TINY, "--text", str(corpus), "--warm-start"], 2, "--warm-start is not for --task text"),
+        ([*TINY, "--text", str(corpus), "--corrections", "2"], 2, "--corrections is not for"),
     ]:
         got, line = refused(*argv)
         assert got == code and message in line and "\n" not in line, (argv, line)
@@ -172,7 +180,7 @@ def test_text_refusals_are_one_line(corpus, tmp_path, capsys):
     assert "\n" not in line and not (tmp_path / "unmatched").exists()
     digits = ROOT / "tests" / "fixtures" / "checkpoint-v2"
     assert main(["generate", "--checkpoint", str(digits), "--prompt", "a"]) == 1
-    assert "not a text model" in capsys.readouterr().err
+    assert "not a language model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -194,8 +202,6 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(
 ):
     """Every parameter counted (embeddings, positions and read-out included), from the leaves
     of the models as built (their shapes: nothing is initialised)."""
-    from eqattn.cli import ModelConfig
-
     from .reference import built_model as built, parameter_count as count
 
     config = ModelConfig(
@@ -216,7 +222,7 @@ def test_an_explicit_text_checkpoint_without_its_shape_still_loads():
     and gives the logits that commit computed."""
     fixture = ROOT / "tests" / "fixtures" / "text-explicit-v1"
     expected = json.loads((fixture / "expected.json").read_text())
-    model = text.load_model(fixture)
+    model = load_model(fixture).model
     block = model.blocks[0]
     shape = {"depth": len(model.blocks), "width": block.mlp_in.in_features}
     shape["mlp_ratio"] = block.mlp_in.out_features / block.mlp_in.in_features
@@ -232,19 +238,18 @@ def test_an_explicit_text_checkpoint_without_its_shape_still_loads():
 
 @pytest.mark.parametrize("model", ["deq", "explicit"])
 def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
-    """`eqattn.cli.text_configs` (the Python route) gives the configurations `eqattn train
+    """`eqattn.train.text_configs` (the Python route) gives the configurations `eqattn train
     --task text` trains with, defaults and a changed field alike; so do the text benchmark's
     candidate DEQ settings and the command lines that name them."""
     from benchmarks.text import CANDIDATES, _case
-    from eqattn.cli import text_configs
 
     seen = []
 
     def fake_train(model_config, config, out, **kwargs):
         seen.append((model_config, config))
-        raise CommandError("stop here")
+        raise RunError("stop here")
 
-    monkeypatch.setattr(train_module, "train", fake_train)
+    monkeypatch.setattr(eqattn.train, "train", fake_train)
     for argv, fields in [
         ([], {}),
         (["--context", "64", "--lr", "0.01"], dict(context=64, lr=0.01)),
@@ -260,15 +265,15 @@ def test_the_digits_defaults_are_the_dataclasses(monkeypatch, tmp_path):
     """`eqattn train` (the digits) trains with `ModelConfig()` and `TrainConfig()` as they
     are, for either model: the options whose default depends on the task (None in the parser)
     take the digits' values, not the text task's."""
-    from eqattn.cli import ModelConfig, TrainConfig
+    from eqattn.train import TrainConfig
 
     seen = []
 
     def fake_train(model_config, config, out, **kwargs):
         seen.append((model_config, config))
-        raise CommandError("stop here")
+        raise RunError("stop here")
 
-    monkeypatch.setattr(train_module, "train", fake_train)
+    monkeypatch.setattr(eqattn.train, "train", fake_train)
     for model in ("deq", "explicit"):
         assert main(["train", "--model", model, "--out", str(tmp_path)])
         assert seen.pop() == (ModelConfig(model=model), TrainConfig())
@@ -284,9 +289,8 @@ def test_a_long_context_step_differentiates_in_chunks_and_the_penalty_probes_a_s
     import equinox as eqx
     import optax
 
-    from eqattn.cli import text_configs
-    from eqattn.cli._models import build_model, predict
-    from eqattn.cli._text import make_text_train_step, windows_per_chunk
+    from eqattn.train._models import predict
+    from eqattn.train._text import make_text_train_step, windows_per_chunk
 
     assert [windows_per_chunk(16, c) for c in (256, 1024, 4096, 8192)] == [16, 4, 1, 1]
     assert windows_per_chunk(6, 1024) == 3  # a divisor of the batch

@@ -558,7 +558,7 @@ def test_multihead_attention_carries_over_to_equinox(getkey, biases):
 def test_per_token_linear_matches_numpy(getkey, bias):
     """The layers' token-wise linear maps (one matmul over the tokens, in place of
     `jax.vmap(eqx.nn.Linear)`): x W^T + b in float64 numpy, for leading batch axes too."""
-    from eqattn.nn._multihead import per_token
+    from eqattn.nn._tokens import per_token
 
     linear = eqx.nn.Linear(5, 3, use_bias=bias, key=getkey(), dtype=F64)
     x = np.asarray(jax.random.normal(getkey(), (2, 4, 5), F64))

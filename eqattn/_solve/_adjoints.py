@@ -50,11 +50,12 @@ import dataclasses
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 from jax import lax
 
 from ._backends import ForwardSolve, JaxoptSolver, _static_steps, _summary, tolerances
 from ._equilibrium import RESULTS, Equilibrium
-from ._linear import AbstractKrylov
+from ._linear import AbstractKrylov, solve_linear
 from ._loop import (
     _norm,
     best_answer,
@@ -107,9 +108,10 @@ class ImplicitAdjoint(AbstractAdjoint):
       floor in the units of $z$, is carried over relative to the solution's size,
       $\mathrm{atol}\,\lVert g\rVert / \max(\lVert f(z^*)\rVert, \mathrm{atol})$, so the
       scale of the loss does not change how accurately the backward is solved. Or a fixed-point
-      solver applied to $u \mapsto g + J^\top u$ (`Picard()` is the Neumann series), or a Krylov
-      method on $(I - J^\top)u = g$: [`eqattn.GMRES`][], [`eqattn.BiCGStab`][],
-      [`eqattn.NormalCG`][] (Lineax's); a solver given here is used with its own tolerances.
+      solver applied to $u \mapsto g + J^\top u$ (`Picard()` is the Neumann series), or any
+      Lineax solver of $(I - J^\top)u = g$ as it is (`lx.GMRES(rtol, atol)`,
+      `lx.BiCGStab(...)`, `lx.Normal(lx.CG(...))`, matrix-free); a solver given here is used
+      with its own tolerances (a Lineax solver with its own norm and test).
       A fixed-point solver that runs out of steps with its iterates still improving gives its
       next step (for `Picard(max_steps=k)`, the Neumann series' first $k + 1$ terms): the
       vector-Jacobian product that tested its last iterate pays for it.
@@ -120,10 +122,10 @@ class ImplicitAdjoint(AbstractAdjoint):
     **Example:**
 
     ```python
-    import jax, jax.numpy as jnp, eqattn
+    import jax, jax.numpy as jnp, lineax as lx, eqattn
 
     # z = a tanh(z) + 1: dz/da = tanh(z) / (1 - a (1 - tanh(z)^2)) by the implicit function theorem
-    adjoint = eqattn.ImplicitAdjoint(linear_solver=eqattn.GMRES(rtol=1e-8))
+    adjoint = eqattn.ImplicitAdjoint(linear_solver=lx.GMRES(rtol=1e-8, atol=1e-8))
     solve = lambda a: eqattn.fixed_point(
         lambda z, a: a * jnp.tanh(z) + 1.0, jnp.zeros(()), a, adjoint=adjoint
     ).value
@@ -132,16 +134,15 @@ class ImplicitAdjoint(AbstractAdjoint):
     ```
     """
 
-    linear_solver: AbstractFixedPointSolver | AbstractKrylov | None = None
+    linear_solver: AbstractFixedPointSolver | lx.AbstractLinearSolver | AbstractKrylov | None = None
     throw: bool | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
-        if self.linear_solver is not None and not isinstance(
-            self.linear_solver, AbstractFixedPointSolver | AbstractKrylov
-        ):
+        kinds = AbstractFixedPointSolver | lx.AbstractLinearSolver | AbstractKrylov
+        if self.linear_solver is not None and not isinstance(self.linear_solver, kinds):
             raise ValueError(
                 "ImplicitAdjoint: `linear_solver` must be one of eqattn's fixed-point solvers or "
-                f"Krylov methods (GMRES, BiCGStab, NormalCG); got {self.linear_solver!r}."
+                f"a Lineax linear solver (e.g. lx.GMRES(rtol, atol)); got {self.linear_solver!r}."
             )
 
     def run(self, fn, params, x0, *, solve, throw):
@@ -172,6 +173,8 @@ def solve_adjoint(linear, jt, g):
         it = (iterate_fixed if short else iterate)(linear, h, g, linear.max_steps)
         # Out of steps, the solver's next step is a better u than its last iterate, at no cost.
         return best_answer(linear, it), equilibrium(linear, it).converged
+    if isinstance(linear, lx.AbstractLinearSolver):
+        return solve_linear(linear, lambda u: u - jt(u), g)
     u = linear.solve(lambda u: u - jt(u), g)
     r = _norm(u - jt(u) - g)
     ok = r <= linear.atol + linear.rtol * _norm(g)

@@ -64,7 +64,6 @@ def _summary(g, x, steps, ok, result, tol=None) -> Equilibrium:
         steps=jnp.asarray(steps, jnp.int32),
         residual=residual,
         relative_residual=residual / jnp.where(scale > 0, scale, 1),
-        converged=ok,
         result=result,
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import equinox as eqx
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
@@ -24,10 +26,17 @@ class RESULTS(eqx.Enumeration):
 
     successful = ""
     max_steps_reached = (
-        "The residual |f(z) - z| stayed above the solver's tolerance within max_steps."
+        "eqattn.fixed_point did not converge: the residual |f(z) - z| stayed above the solver's "
+        "tolerance within its step budget."
     )
-    nonfinite = "f returned NaN or Inf (or the iterates did), and the solve stopped there."
-    failed = "The solver reported a failure other than running out of steps (e.g. divergence)."
+    nonfinite = (
+        "eqattn.fixed_point did not converge: f returned NaN or Inf (or the iterates did), and "
+        "the solve stopped there."
+    )
+    failed = (
+        "eqattn.fixed_point did not converge: the solver reported a failure other than running "
+        "out of steps (e.g. divergence)."
+    )
 
 
 class Equilibrium(eqx.Module):
@@ -44,17 +53,17 @@ class Equilibrium(eqx.Module):
       them for a [`eqattn.JaxoptSolver`][]; Optimistix's iteration count for its solvers.
     - `residual`: $\lVert f(z^*) - z^*\rVert_2$ (`inf` if $f$ returned NaN/Inf at every iterate).
     - `relative_residual`: `residual` $/\,\lVert f(z^*)\rVert_2$.
-    - `converged`: whether the solver's test passed at $z^*$: `residual <= atol + rtol * |f(z*)|`
-      for eqattn's solvers and [`eqattn.JaxoptSolver`][] (`atol = tol`, `rtol = 0`); the
-      solver's own test for Optimistix solvers.
-    - `result`: an [`eqattn.RESULTS`][] item: `successful` exactly when `converged`, otherwise
-      `max_steps_reached`, `nonfinite` or `failed`.
-    - `energy_rose`: for a solve that has an energy to descend (the Hopfield layers), whether
-      the energy at $z^*$ is above, by more than round-off, the energy at the first plain
-      update of the start (every solver's first evaluation of $f$). Plain (concave-convex)
-      updates only descend from there, so `True` means $z^*$ is not where repeated updates
-      go (an extrapolating solver, or a solve stopped at its start). `False` does not prove
-      the converse. `None` where no energy is defined.
+    - `result`: an [`eqattn.RESULTS`][] item, the one status of the solve: `successful` when
+      the solver's test passed at $z^*$ (`residual <= atol + rtol * |f(z*)|` for eqattn's
+      solvers and [`eqattn.JaxoptSolver`][] (`atol = tol`, `rtol = 0`); the solver's own test
+      for Optimistix solvers), otherwise `max_steps_reached`, `nonfinite` or `failed`.
+      `converged` (a property) is `result == RESULTS.successful`.
+    - `stats`: what a solve reports beyond these, by name (as Optimistix's `Solution.stats`):
+      the Hopfield layers' `energy_rose`, whether the energy at $z^*$ is above, by more than
+      round-off, the energy at the first plain update of the start (every solver's first
+      evaluation of $f$). Plain (concave-convex) updates only descend from there, so `True`
+      means $z^*$ is not where repeated updates go (an extrapolating solver, or a solve stopped
+      at its start); `False` does not prove the converse.
 
     **Example:**
 
@@ -71,6 +80,21 @@ class Equilibrium(eqx.Module):
     steps: Int[Array, ""]
     residual: Float[Array, ""]
     relative_residual: Float[Array, ""]
-    converged: Bool[Array, ""]
     result: RESULTS
-    energy_rose: Bool[Array, ""] | None = None
+    stats: dict[str, Array] = eqx.field(default_factory=dict)
+
+    @property
+    def converged(self) -> Bool[Array, ""]:
+        """Whether the solver's test passed at the returned iterate: `result == successful`."""
+        return self.result == RESULTS.successful
+
+    @property
+    def energy_rose(self) -> Bool[Array, ""] | None:
+        """Deprecated: `stats["energy_rose"]` (None where the solve has no energy)."""
+        warnings.warn(
+            "`Equilibrium.energy_rose` is now `Equilibrium.stats['energy_rose']`; the old name "
+            "will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.stats.get("energy_rose")

@@ -2,6 +2,8 @@ r"""`fixed_point`: find $z^* = f(z^*, \mathrm{args})$ and differentiate through 
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -60,12 +62,13 @@ def fixed_point(
     solver: AbstractFixedPointSolver | JaxoptSolver | Any = None,
     adjoint: AbstractAdjoint | None = None,
     throw: bool = False,
+    budget: int | Int[ArrayLike, ""] | None = None,
     max_steps: int | Int[ArrayLike, ""] | None = None,
 ) -> Equilibrium:
     r"""Solve $z^* = f(z^*, \mathrm{args})$ from `z0` and make $z^*$ differentiable.
 
     The solver stops when $\lVert f(z) - z\rVert_2 \le \mathrm{atol} + \mathrm{rtol}\,\lVert
-    f(z)\rVert_2$, after `max_steps` evaluations of $f$, or when $f$ returns NaN/Inf; it returns the
+    f(z)\rVert_2$, after `budget` evaluations of $f$, or when $f$ returns NaN/Inf; it returns the
     iterate with the lowest residual. Under `jax.vmap` each example stops on its own test and
     gets its own statistics.
 
@@ -91,9 +94,10 @@ def fixed_point(
       and, unless the adjoint has its own `throw`, if its backward solve does not. With
       `throw=False`, non-convergence is reported in the returned fields and a gradient is the
       adjoint's at the returned iterate (see [`eqattn.AbstractAdjoint`][]).
-    - `max_steps`: a budget of evaluations of $f$ for this call, at most `solver.max_steps`. For
-      eqattn's solvers it may be a traced integer, so changing it does not recompile; for jaxopt
-      and Optimistix solvers it must be a Python int (Optimistix's default: 256).
+    - `budget`: the evaluations of $f$ this call may make, at most the solver's cap
+      `solver.max_steps` (None: the cap). For eqattn's solvers it may be a traced integer, so
+      changing it does not recompile; for jaxopt and Optimistix solvers it must be a Python int
+      (Optimistix's default: 256). `max_steps` is its deprecated name (one release).
 
     **Returns:** an [`eqattn.Equilibrium`][].
 
@@ -113,19 +117,40 @@ def fixed_point(
     solver, adjoint = _checked(solver, adjoint)
     z0 = jax.tree.map(jnp.asarray, z0)
     _check_structure(fn, z0, args)
-    budget = solver_backend(solver).budget(solver, max_steps)
+    budget = solver_backend(solver).budget(solver, renamed_budget(budget, max_steps))
     x0, unravel, flat_fn, params = _flattened(fn, z0, args)
     eq = adjoint.run(flat_fn, params, x0, solve=ForwardSolve(solver, budget), throw=throw)
     value = unravel(eq.value)
-    if throw:
-        value = eqx.error_if(
-            value,
-            ~eq.converged,
-            "eqattn.fixed_point did not converge: the residual |f(z) - z| stayed above the "
-            "solver's tolerance within max_steps, or f returned NaN/Inf. Inspect the "
-            "Equilibrium (its `result`) returned with throw=False.",
-        )
+    if throw:  # the message of the failure's kind (RESULTS)
+        value = eq.result.error_if(value, ~eq.converged)
     return _with_value(eq, value)
+
+
+def renamed_budget(budget, max_steps):
+    """A call's `budget`, also when given by its deprecated name `max_steps`."""
+    if max_steps is None:
+        return budget
+    if budget is not None:
+        raise TypeError("give `budget` (the call's step budget), not also `max_steps`.")
+    warnings.warn(
+        "a call's step budget is now `budget=`; `max_steps=` names the solver's cap alone (the "
+        "old keyword will be removed in the next release).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return max_steps
+
+
+def takes_max_steps(function):
+    """`function` also taking a call's budget by its deprecated name, `max_steps=`."""
+
+    @functools.wraps(function)
+    def renamed(*args, max_steps=None, **kwargs):
+        if max_steps is not None:
+            kwargs["budget"] = renamed_budget(kwargs.get("budget"), max_steps)
+        return function(*args, **kwargs)
+
+    return renamed
 
 
 def _checked(solver, adjoint):

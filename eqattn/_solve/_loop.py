@@ -112,7 +112,6 @@ def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
         steps=it.step,
         residual=it.best_residual,
         relative_residual=it.best_residual / scale,
-        converged=ok,
         result=result,
     )
 

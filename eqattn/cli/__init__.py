@@ -1,10 +1,34 @@
-"""The `eqattn` command (`eqattn train | evaluate | generate | retrieve | info`) and the functions behind it,
-for use from Python or a notebook."""
+"""The `eqattn` command (`eqattn train | evaluate | generate | retrieve | info`). Its Python API
+is [`eqattn.train`][] (and [`eqattn.info`][]); the names this module had for it are deprecated
+aliases, kept for one release."""
 
-from ._evaluate import evaluate as evaluate, load_model as load_model
-from ._info import info as info
+import warnings
+
 from ._main import main as main
-from ._models import ModelConfig as ModelConfig
-from ._retrieve import retrieve as retrieve
-from ._step import TrainConfig as TrainConfig, text_configs as text_configs
-from ._train import train as train
+
+# old public name -> (module, new name), kept for one release
+_MOVED = {
+    "train": ("eqattn.train", "train"),
+    "evaluate": ("eqattn.train", "evaluate"),
+    "load_model": ("eqattn.train", "load_model"),
+    "retrieve": ("eqattn.train", "retrieve"),
+    "ModelConfig": ("eqattn.train", "ModelConfig"),
+    "TrainConfig": ("eqattn.train", "TrainConfig"),
+    "text_configs": ("eqattn.train", "text_configs"),
+    "info": ("eqattn", "info"),
+}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import importlib
+
+        module, new = _MOVED[name]
+        warnings.warn(
+            f"`eqattn.cli.{name}` has moved to `{module}.{new}`; the old name will be removed in "
+            "the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), new)
+    raise AttributeError(f"module 'eqattn.cli' has no attribute {name!r}")

@@ -1,31 +1,33 @@
-"""The `eqattn` command line: `train`, `evaluate`, `generate`, `retrieve`, `info`."""
+"""The `eqattn` command line: `train`, `evaluate`, `generate`, `retrieve`, `info`. It parses,
+calls `eqattn.train` (and `eqattn.text`), prints and sets the exit status; the library's
+`ConfigError` is a usage error (exit 2), its `RunError` a failure (exit 1)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
-from ._errors import CommandError, Interrupted, UsageError
-from ._models import ModelConfig, text_defaults
-from ._parser import TASK_OPTIONS, _train_defaults, parser
+from ..train import ConfigError, Interrupted, RunError
+from ._parser import SETTINGS, defaults, parser
 
 
 def _distributed(a) -> None:
     """Join the other processes of a multi-process run, if asked to (before any JAX work)."""
     given = [a.coordinator, a.num_processes, a.process_id]
     if a.cluster and any(x is not None for x in given):
-        raise UsageError("--cluster detects the processes itself: no --coordinator etc. with it")
+        raise ConfigError("--cluster detects the processes itself: no --coordinator etc. with it")
     if not a.cluster and all(x is None for x in given):
         return
     if not a.cluster and any(x is None for x in given):
-        raise UsageError("--coordinator, --num-processes and --process-id go together")
+        raise ConfigError("--coordinator, --num-processes and --process-id go together")
     if not a.cluster and not (a.num_processes >= 1 and 0 <= a.process_id < a.num_processes):
-        raise UsageError(
+        raise ConfigError(
             f"--process-id must be in 0 .. --num-processes - 1; got {a.process_id} of "
             f"{a.num_processes}"
         )
@@ -40,86 +42,64 @@ def _distributed(a) -> None:
             jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
     except (RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CommandError(f"could not join the other processes: {first}") from None
+        raise RunError(f"could not join the other processes: {first}") from None
 
 
-def _task_defaults(a) -> None:
-    """Fill the options whose default depends on `--task` (and `--model`) and were not given."""
-    defaults = {**dataclasses.asdict(ModelConfig()), **dataclasses.asdict(_train_defaults())}
-    defaults["out"] = "runs/digits"
-    if a.task == "text":
-        defaults.update(text_defaults(a.model), out="runs/text")
-    for name in TASK_OPTIONS:
-        if getattr(a, name) is None:
-            setattr(a, name, defaults[name])
-    if a.text is not None and a.task != "text":
-        raise UsageError("--text is for --task text")
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _settings(a) -> dict:
+    """The run's settings: those given, checked to apply to `--task`, and the task's defaults
+    for the rest."""
+    from ..train import tasks
+
+    given = {name: getattr(a, name) for name in SETTINGS if getattr(a, name) is not None}
+    others = (task.options for name, task in tasks().items() if name != a.task)
+    foreign = sorted(set(given).intersection(set().union(*others)) - tasks()[a.task].options)
+    if foreign:
+        raise ConfigError(
+            f"{', '.join(map(_option, foreign))} {'is' if len(foreign) == 1 else 'are'} not for "
+            f"--task {a.task}"
+        )
+    values = {**{k: v for k, v in defaults(a.task, a.model).items() if k in SETTINGS}, **given}
+    if "text" in given:
+        values["text"] = tuple(given["text"])
+    if "train_steps" not in given:
+        values["train_steps"] = min(defaults(a.task, a.model)["train_steps"], values["max_steps"])
+    return values
 
 
 def _cmd_train(a) -> None:
-    from ._step import TrainConfig
-    from ._train import train
+    from ..train import configs, task_of, train
 
-    _task_defaults(a)
-    _distributed(a)
-    if a.train_steps is None:
-        a.train_steps = min(_train_defaults().train_steps, a.max_steps)
-    elif a.model == "deq" and a.train_steps > a.max_steps and not a.resume:
-        raise UsageError(
-            f"--train-steps ({a.train_steps}) must be at most --max-steps ({a.max_steps}), the "
-            "solver's step limit the model is built with"
+    out = a.out or f"runs/{a.task}"
+    if a.resume:
+        given = [n for n in SETTINGS if getattr(a, n) is not None and n != "epochs"]
+        if given:
+            raise ConfigError(
+                f"--resume continues the run with its saved settings: "
+                f"{', '.join(map(_option, given))} cannot change (--epochs can)"
+            )
+        _distributed(a)
+        metrics = train(
+            *configs(),
+            out,
+            progress=_progress(a),
+            overwrite=a.overwrite,
+            resume=True,
+            epochs=a.epochs,
         )
-
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    args = vars(a)
-    model_config = ModelConfig(**{k: v for k, v in args.items() if k in model_fields})
-    config = TrainConfig(**{k: v for k, v in args.items() if k in train_fields})
-    metrics = train(
-        model_config,
-        config,
-        a.out,
-        progress="lines" if a.no_progress else None,
-        overwrite=a.overwrite,
-        resume=a.resume,
-    )
+    else:
+        values = _settings(a)
+        _distributed(a)
+        model_config, config = configs(a.task, a.model, **values)
+        metrics = train(model_config, config, out, progress=_progress(a), overwrite=a.overwrite)
     import jax
 
     if jax.process_index() != 0:  # process 0 reports
         return
-    _report(a, metrics)
-
-
-def _report(a, metrics) -> None:
-    """The run's summary (from its metrics: with --resume, the run's own configuration)."""
-    model_config = ModelConfig.from_dict(metrics["model_config"])
-    steps = (
-        f" | solver steps {metrics['test_mean_solver_steps']:.1f} (mean), "
-        f"{metrics['test_converged']:.1%} converged"
-        if model_config.model == "deq"
-        else ""
-    )
-    mem = metrics["step_temp_memory_mb"]
-    if model_config.task == "text":
-        corpus = metrics["corpus"]
-        print(
-            f"{model_config.model}: test {metrics['test_bits_per_byte']:.3f} bits per byte "
-            f"({metrics['test_scored_bytes']:,} bytes of {corpus['documents']['test']} "
-            f"documents) | {metrics['epochs_done']} epochs in {metrics['train_time_s']:.0f} s "
-            f"(+{metrics['compile_time_s']:.0f} s compile, "
-            f"{metrics['train_tokens_per_s']:,.0f} tokens/s) | {metrics['params']:,} params"
-            + ("" if mem is None else f" | train-step memory {mem:.1f} MB")
-            + steps
-        )
-    else:
-        print(
-            f"{model_config.model}: test accuracy {metrics['test_accuracy']:.2%} "
-            f"({metrics['test_examples']} images) | {metrics['epochs_done']} epochs in "
-            f"{metrics['train_time_s']:.0f} s (+{metrics['compile_time_s']:.0f} s compile) | "
-            f"{metrics['params']:,} params"
-            + ("" if mem is None else f" | train-step memory {mem:.1f} MB")
-            + steps
-        )
+    print(task_of(metrics["task"]).summary(metrics))
     split = metrics["time_split_s"]
     print(
         f"wall time {split['total']:.0f} s: start-up and data {split['startup_and_data']:.0f} s, "
@@ -127,63 +107,54 @@ def _report(a, metrics) -> None:
         f"{split['evaluation']:.0f} s"
     )
     print(f"checkpoint: {metrics['checkpoint']}")
-    print(f"metrics:    {a.out.rstrip('/')}/metrics.json")
+    print(f"metrics:    {out.rstrip('/')}/metrics.json")
+
+
+def _progress(a) -> str | None:
+    return "lines" if a.no_progress else None
+
+
+def _checkpoint(a) -> str:
+    """The checkpoint `--checkpoint` and `--best` name."""
+    from ..train import BEST
+
+    path = Path(a.checkpoint)
+    if not a.best:
+        return a.checkpoint
+    if not path.is_dir():
+        raise ConfigError("--best takes a run's directory as --checkpoint (it reads its best.eqx)")
+    if not (path / BEST).is_file():
+        raise RunError(
+            f"{str(path)!r} has no {BEST}: only runs of a task with a validation split (text) "
+            "keep one"
+        )
+    return str(path / BEST)
 
 
 def _cmd_evaluate(a) -> None:
-    from ._evaluate import evaluate
+    from ..train import evaluate, task_of
 
-    r = evaluate(a.checkpoint, list(a.steps) if a.steps else None)
-    if r.get("task") == "text":
-        _print_text_evaluation(r)
-    else:
-        _print_evaluation(r)
+    progress = False if a.no_progress else None
+    r = evaluate(_checkpoint(a), list(a.steps) if a.steps else None, progress=progress)
+    print("\n".join(task_of(r["task"]).evaluation_report(r)))
     if a.json:
         try:
             with open(a.json, "w") as f:
                 json.dump(r, f, indent=2)
         except OSError as e:
-            raise CommandError(f"cannot write {a.json!r}: {e.strerror}") from None
+            raise RunError(f"cannot write {a.json!r}: {e.strerror}") from None
 
 
-def _print_evaluation(r) -> None:
-    print(
-        f"test accuracy {r['test_accuracy']:.2%} ({r['test_examples']} images, {r['model']} model)"
-    )
-    if "solver_steps" in r:
-        s = r["solver_steps"]
-        print(
-            f"solver steps per example: mean {s['mean']:.1f}, median {s['median']:.0f}, "
-            f"90th percentile {s['p90']:.0f}, max {s['max']} (limit {s['max_steps']}); "
-            f"{s['converged']:.1%} converged"
-        )
-        print("max steps  accuracy  mean steps  converged  rel. residual")
-        for row in r["budget_sweep"]:
-            print(
-                f"{row['max_steps']:>9}  {row['test_accuracy']:>8.2%}  {row['mean_steps']:>10.1f}  "
-                f"{row['converged']:>9.1%}  {row['mean_relative_residual']:>13.1e}"
-            )
-
-
-def _print_text_evaluation(r) -> None:
-    print(
-        f"test {r['test_bits_per_byte']:.4f} bits per byte ({r['test_scored_bytes']:,} bytes, "
-        f"{r['model']} model; windows of {r['evaluation']['context']}, stride "
-        f"{r['evaluation']['stride']})"
-    )
-    if "solver_steps" in r:
-        s = r["solver_steps"]
-        print(
-            f"solver steps per window: mean {s['mean']:.1f} (limit {s['max_steps']}); "
-            f"{s['converged']:.1%} converged"
-        )
-        print("max steps  bits/byte  mean steps  converged  rel. residual")
-        for row in r["budget_sweep"]:
-            print(
-                f"{row['max_steps']:>9}  {row['bits_per_byte']:>9.4f}  "
-                f"{row['mean_solver_steps']:>10.1f}  {row['converged']:>9.1%}  "
-                f"{row['mean_relative_residual']:>13.1e}"
-            )
+def _check_generate(a) -> None:
+    """`eqattn generate`'s options, checked before anything loads."""
+    if a.tokens < 0:
+        raise ConfigError(f"--tokens must be >= 0; got {a.tokens}")
+    if not (math.isfinite(a.temperature) and a.temperature >= 0):
+        raise ConfigError(f"--temperature must be finite and >= 0 (0: greedy); got {a.temperature}")
+    if a.top_k is not None and not 1 <= a.top_k <= 256:
+        raise ConfigError(f"--top-k must be in 1 .. 256 (the byte values); got {a.top_k}")
+    if a.max_steps is not None and a.max_steps < 2:
+        raise ConfigError(f"--max-steps must be >= 2; got {a.max_steps}")
 
 
 def _cmd_generate(a) -> None:
@@ -194,10 +165,16 @@ def _cmd_generate(a) -> None:
     import numpy as np
 
     from .. import text
+    from ..train import load_model, task_of
 
-    if a.tokens < 0:
-        raise UsageError(f"--tokens must be >= 0; got {a.tokens}")
-    model = text.load_model(a.checkpoint, a.max_steps)
+    _check_generate(a)
+    path = _checkpoint(a)
+    model, config, _ = load_model(path, a.max_steps)
+    if not task_of(config.task).language_model:
+        raise RunError(
+            f"{path!r} holds a {config.task} model, not a language model: train one with "
+            "eqattn train --task text"
+        )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     sys.stdout.write(a.prompt)
 
@@ -220,29 +197,25 @@ def _cmd_generate(a) -> None:
     for w in caught:
         print(f"note: {w.message}", file=sys.stderr)
     if not np.all(out.converged):
+        missed = int(np.sum(~out.converged))
         print(
-            f"warning: {int(np.sum(~out.converged))} of {a.tokens} tokens' solves did not "
-            "converge (--max-steps raises the limit)",
+            f"warning: {missed} of {a.tokens} tokens' solves did not converge (--max-steps "
+            "raises the limit)",
             file=sys.stderr,
         )
 
 
 def _cmd_retrieve(a) -> None:
-    from ._retrieve import BETAS, retrieve
+    from ..train import retrieve
 
+    options = dict(patterns=a.patterns, corruption=a.corruption, amount=a.amount)
     r = retrieve(
-        a.out,
-        patterns=a.patterns,
-        corruption=a.corruption,
-        amount=a.amount,
-        betas=a.betas or BETAS,
-        steps=a.steps,
-        seed=a.seed,
+        a.out, **options, steps=a.steps, seed=a.seed, **({"betas": a.betas} if a.betas else {})
     )
     print(
         f"{r['patterns']} stored digits; queries with {r['corruption']} {r['amount']:g}; "
-        f"{r['steps']} update(s); nearest stored pattern to the raw query is right for "
-        f"{r['nearest_neighbour_of_query']:.1%}"
+        f"{r['steps']} update{'s' * (r['steps'] != 1)}; nearest stored pattern to the raw query "
+        f"is right for {r['nearest_neighbour_of_query']:.1%}"
     )
     print("    beta  pattern acc.  class acc.  mean error")
     for row in r["rows"]:
@@ -254,9 +227,14 @@ def _cmd_retrieve(a) -> None:
 
 
 def _cmd_info(a) -> None:
-    from ._info import format_info, info
+    from .._info import info
 
-    print(format_info(info()))
+    d = info()
+    rows = [("python", d["python"])]
+    rows += [(k, v or "not installed") for k, v in d["versions"].items()]
+    rows += [("backend", d["backend"])] + [("device", x) for x in d["devices"]]
+    rows += [("solvers", f"{k}: {'yes' if v else 'no'}") for k, v in d["solver_backends"].items()]
+    print("\n".join(f"{k:<14}{v}" for k, v in rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -268,22 +246,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C must reach the training loop (which saves a checkpoint) even when this process
         # was started with SIGINT ignored, as background jobs of a shell are.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    command = {
+        "train": _cmd_train,
+        "evaluate": _cmd_evaluate,
+        "retrieve": _cmd_retrieve,
+        "generate": _cmd_generate,
+        "info": _cmd_info,
+    }[args.command]
     try:
-        {
-            "train": _cmd_train,
-            "evaluate": _cmd_evaluate,
-            "retrieve": _cmd_retrieve,
-            "generate": _cmd_generate,
-            "info": _cmd_info,
-        }[args.command](args)
-    except UsageError as e:
+        command(args)
+    except ConfigError as e:
         if debug:
             raise
         print(
             f"eqattn {args.command}: error: {e} (see eqattn {args.command} --help)", file=sys.stderr
         )
         return 2
-    except (CommandError, ImportError) as e:
+    except (RunError, ImportError) as e:
         if debug:
             raise
         print(f"eqattn {args.command}: error: {e}", file=sys.stderr)

@@ -1,15 +1,24 @@
-"""The `eqattn` command line's options: one parser, its option groups and their defaults."""
+"""The `eqattn` command line's options: one parser, its option groups and their help."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
-from ._models import ADJOINTS, SOLVERS, ModelConfig, text_defaults
+from ..train import ADJOINTS, SOLVERS, ModelConfig, TrainConfig, tasks
+
+DESCRIPTION = (
+    "Equilibrium attention: train DEQ transformers (and explicit baselines of equal size) on "
+    "the digits or on text, evaluate them against the solver's budget, generate text, and "
+    "retrieve digits from a Hopfield memory."
+)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        top = "eqattn --help" if self.prog == "eqattn" else f"{self.prog} --help"
+        self.exit(2, f"{self.prog}: error: {message} (see {top})\n")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -19,39 +28,76 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas; got {text!r}")
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _budgets(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(t) for t in text.split(","))
+        values = tuple(int(t) for t in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas; got {text!r}")
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected solver budgets >= 1 separated by commas, e.g. 2,4,8; got {text!r}"
+        )
+    return values
+
+
+def defaults(task: str, model: str) -> dict[str, Any]:
+    """Every setting's default for `--task TASK --model MODEL`."""
+    fields = {**dataclasses.asdict(ModelConfig()), **dataclasses.asdict(TrainConfig())}
+    return {**fields, **tasks()[task].settings(model)}
+
+
+def _default(name: str) -> str:
+    """`name`'s default, per task where the tasks' differ (the DEQ's, where the models' do)."""
+    by_task = {task: defaults(task, "deq")[name] for task in tasks()}
+    values = set(map(repr, by_task.values()))
+    if len(values) == 1:
+        return f"default: {next(iter(by_task.values()))}"
+    return "default: " + ", ".join(f"{v} for {task}" for task, v in by_task.items())
+
+
+def _label(name: str) -> str:
+    """`[task]` for a setting only one task reads."""
+    owners = [task for task, cls in tasks().items() if name in cls.options]
+    return f"[{owners[0]}] " if len(owners) == 1 else ""
+
+
+def _add(group, flag: str, help: str, **kwargs) -> None:
+    """A setting's option: `default=None` (so the command knows which were given, and fills the
+    rest from the task's defaults), labelled with its task, its default stated."""
+    name = flag[2:].replace("-", "_")
+    if kwargs.get("action") is None:
+        kwargs.setdefault("type", type(defaults("digits", "deq")[name]))
+    stated = _default(name)
+    text = f"{_label(name)}{help}" + ("" if stated.endswith("None") else f" ({stated})")
+    group.add_argument(flag, default=None, help=text, **kwargs)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="eqattn", description="Equilibrium attention on the scikit-learn digits.")
+    p = _Parser(prog="eqattn", description=DESCRIPTION)
     p.add_argument(
         "--debug",
         action="store_true",
         help="show the Python traceback of an error (also: EQATTN_DEBUG=1)",
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    tr = sub.add_parser("train", help="train a DEQ transformer (or --model explicit) on digits")
+    names = ", ".join(tasks())
+    tr = sub.add_parser("train", help=f"train a DEQ transformer (or --model explicit): {names}")
+    tr.description = "Options marked [task] apply to that task alone; the others to every task."
     _model_options(tr)
     _solver_options(tr)
     _training_options(tr)
     _run_options(tr)
     _evaluate_options(
-        sub.add_parser(
-            "evaluate", help="test accuracy of a checkpoint and its test-time compute knob"
-        )
-    )
-    _retrieve_options(
-        sub.add_parser("retrieve", help="Hopfield retrieval of digits from corrupted queries")
+        sub.add_parser("evaluate", help="a checkpoint's test scores and its test-time compute knob")
     )
     _generate_options(
         sub.add_parser("generate", help="continue a prompt with a text checkpoint's model")
     )
+    _retrieve_options(
+        sub.add_parser("retrieve", help="Hopfield retrieval of digits from corrupted queries")
+    )
     sub.add_parser("info", help="versions, devices and solver backends")
-    for command in sub.choices.values():  # --help shows every default
+    for command in sub.choices.values():  # --help shows every default given to argparse
         for action in command._actions:
             if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
                 action.help = (action.help or "") + " (default: %(default)s)"
@@ -60,179 +106,84 @@ def parser() -> argparse.ArgumentParser:
 
 def _model_options(tr) -> None:
     """`eqattn train`'s task and model options (`ModelConfig`)."""
-    m = ModelConfig()
-    tr.add_argument(
-        "--task",
-        choices=("digits", "text"),
-        default=m.task,
-        help="digits: classify the scikit-learn digits; text: a causal byte-level language model",
-    )
-    tr.add_argument("--model", choices=("deq", "explicit"), default=m.model)
-    tr.add_argument(
-        "--context",
-        type=int,
-        default=m.context,
-        help="text: positions per window (the model's context, in bytes)",
-    )
-    tr.add_argument(
+    described = "; ".join(f"{name}: {cls.description}" for name, cls in tasks().items())
+    tr.add_argument("--task", choices=tuple(tasks()), default="digits", help=described)
+    tr.add_argument("--model", choices=("deq", "explicit"), default="deq")
+    _add(tr, "--context", "positions per window (the model's context, in bytes)")
+    _add(
+        tr,
         "--text",
+        "the corpus's files or folders (default: the Python standard library's source of this "
+        "interpreter)",
         nargs="+",
-        default=None,
         metavar="PATH",
-        help="text: the corpus's files or folders (default: the Python standard library's "
-        "source of this interpreter)",
+        type=str,
     )
-    tr.add_argument(
-        "--tokens",
-        choices=("rows", "patches"),
-        default=m.tokens,
-        help="8 rows of 8 pixels, or 16 patches of 2x2",
-    )
-    tr.add_argument(
-        "--dim", type=int, default=None, help=f"width of the DEQ model ({_by_task('dim')})"
-    )
-    tr.add_argument("--heads", type=int, default=m.heads)
-    tr.add_argument(
-        "--depth",
-        type=int,
-        default=m.depth,
-        help="blocks of the explicit model (its width matches the DEQ's parameters)",
-    )
-    tr.add_argument(
+    _add(tr, "--tokens", "8 rows of 8 pixels, or 16 patches of 2x2", choices=("rows", "patches"))
+    _add(tr, "--dim", "width of the DEQ model")
+    _add(tr, "--heads", "attention heads")
+    _add(tr, "--depth", "explicit: blocks (its width matches the DEQ's parameters)")
+    _add(
+        tr,
         "--cell-depth",
-        type=int,
-        default=m.cell_depth,
-        help="blocks of the DEQ model's map, iterated together to the fixed point (1: one "
-        "weight-tied block)",
+        "DEQ: blocks of the map, iterated together to the fixed point (1: one weight-tied block)",
     )
-    tr.add_argument(
-        "--stem-depth",
-        type=int,
-        default=None,
-        help="explicit blocks between the DEQ model's embedding and its implicit block "
-        f"({_by_task('stem_depth')})",
-    )
-    tr.add_argument(
+    _add(tr, "--stem-depth", "DEQ: explicit blocks between the embedding and the implicit block")
+    _add(
+        tr,
         "--attend-input",
+        "DEQ: the implicit block's attention reads its state plus the injected input",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="DEQ: the implicit block's attention reads its state plus the injected input "
-        f"({_by_task('attend_input')})",
     )
-    tr.add_argument(
-        "--dropout",
-        type=float,
-        default=None,
-        help=f"dropout rate (one mask per solve; {_by_task('dropout')})",
-    )
+    _add(tr, "--dropout", "dropout rate (one mask per solve)", type=float)
 
 
 def _solver_options(tr) -> None:
     """`eqattn train`'s DEQ solver and adjoint options (`ModelConfig`)."""
-    m = ModelConfig()
-    tr.add_argument("--solver", choices=tuple(SOLVERS), default=None, help=_by_task("solver"))
-    tr.add_argument("--adjoint", choices=ADJOINTS, default=None, help=_by_task("adjoint"))
-    tr.add_argument(
-        "--rtol", type=float, default=m.rtol, help="solver tolerance (relative residual)"
-    )
-    tr.add_argument("--max-steps", type=int, default=m.max_steps, help="solver step limit")
-    tr.add_argument(
-        "--backward-solver",
-        choices=tuple(SOLVERS),
-        default=m.backward_solver,
-        help="implicit adjoint: the solver of the backward linear system",
-    )
-    tr.add_argument(
-        "--backward-steps",
-        type=int,
-        default=m.backward_steps,
-        help="implicit adjoint: the backward solve's step limit",
-    )
-    tr.add_argument(
-        "--phantom-steps",
-        type=int,
-        default=m.phantom_steps,
-        help="phantom adjoint: the damped steps from the fixed point it backpropagates through",
-    )
-    tr.add_argument(
-        "--phantom-damping",
-        type=float,
-        default=m.phantom_damping,
-        help="phantom adjoint: the damping of those steps, in (0, 1]",
-    )
+    _add(tr, "--solver", "DEQ: the forward solver", choices=SOLVERS)
+    _add(tr, "--adjoint", "DEQ: how the fixed point is differentiated", choices=ADJOINTS)
+    _add(tr, "--rtol", "DEQ: solver tolerance (relative residual)")
+    _add(tr, "--max-steps", "DEQ: solver step limit (evaluation's budget)")
+    _add(tr, "--backward-solver", "DEQ, implicit adjoint: the backward solver", choices=SOLVERS)
+    _add(tr, "--backward-steps", "DEQ, implicit adjoint: the backward solve's step limit", type=int)
+    _add(tr, "--phantom-steps", "DEQ, phantom adjoint: the damped steps it backpropagates")
+    _add(tr, "--phantom-damping", "DEQ, phantom adjoint: their damping, in (0, 1]")
 
 
 def _training_options(tr) -> None:
     """`eqattn train`'s optimisation and DEQ training options (`TrainConfig`)."""
-    t = _train_defaults()
-    tr.add_argument("--epochs", type=int, default=None, help=_by_task("epochs"))
-    tr.add_argument(
-        "--epoch-steps",
-        type=int,
-        default=t.epoch_steps,
-        help="text: optimizer steps per epoch (each epoch ends with validation and a checkpoint)",
-    )
-    tr.add_argument("--batch-size", type=int, default=None, help=_by_task("batch_size"))
-    tr.add_argument(
-        "--lr",
-        type=float,
-        default=None,
-        help=f"peak learning rate (warm-up, cosine decay; {_by_task('lr')})",
-    )
-    tr.add_argument("--weight-decay", type=float, default=t.weight_decay)
-    tr.add_argument("--clip", type=float, default=t.clip, help="gradient-norm clipping (0: off)")
-    tr.add_argument(
-        "--shift",
-        type=int,
-        default=t.shift,
-        help="augmentation: random shifts of up to this many pixels",
-    )
-    tr.add_argument("--label-smoothing", type=float, default=None, help=_by_task("label_smoothing"))
-    tr.add_argument(
-        "--train-size", type=int, default=None, help="use only the first N training images"
-    )
-    tr.add_argument("--seed", type=int, default=t.seed)
-    tr.add_argument(
+    _add(tr, "--epochs", "epochs (with --resume: the run's new length)")
+    _add(tr, "--epoch-steps", "optimizer steps per epoch (each ends with validation)")
+    _add(tr, "--batch-size", "examples per optimizer step")
+    _add(tr, "--lr", "peak learning rate (warm-up, cosine decay)")
+    _add(tr, "--weight-decay", "AdamW's weight decay")
+    _add(tr, "--clip", "gradient-norm clipping (0: off)")
+    _add(tr, "--shift", "augmentation: random shifts of up to this many pixels")
+    _add(tr, "--label-smoothing", "label smoothing")
+    _add(tr, "--train-size", "use only the first N training images (default: all)", type=int)
+    _add(tr, "--seed", "random seed (initialization, data order, dropout)")
+    _add(
+        tr,
         "--train-steps",
+        "DEQ: the solver's step limit while training, at most --max-steps (or --max-steps if "
+        "lower)",
         type=int,
-        default=None,
-        help=f"DEQ: the solver's step limit while training, at most --max-steps (which "
-        f"evaluation uses; default: {t.train_steps}, or --max-steps if lower)",
     )
-    tr.add_argument(
+    _add(
+        tr,
         "--warm-start",
+        "DEQ: start each training example's solve from its previous fixed point",
         action=argparse.BooleanOptionalAction,
-        default=t.warm_start,
-        help="DEQ: start each training example's solve from its previous fixed point",
     )
-    tr.add_argument(
-        "--jacobian-weight",
-        type=float,
-        default=None,
-        help="DEQ: weight of the Jacobian penalty |df/dz|_F^2 at the fixed point (0: off; "
-        + _by_task("jacobian_weight")
-        + ")",
-    )
-    tr.add_argument(
-        "--jacobian-share",
-        type=float,
-        default=None,
-        help="DEQ: the share of each batch's examples whose fixed points the Jacobian penalty "
-        f"probes ({_by_task('jacobian_share')})",
-    )
-    tr.add_argument(
+    _add(tr, "--jacobian-weight", "DEQ: weight of the Jacobian penalty |df/dz|_F^2 (0: off)")
+    _add(tr, "--jacobian-share", "DEQ: the share of a batch whose fixed points it probes")
+    _add(
+        tr,
         "--corrections",
-        type=int,
-        default=t.corrections,
-        help="DEQ: fixed-point correction, a loss at the end of each of this many pieces of the "
+        "DEQ: fixed-point correction, a loss at the end of each of this many pieces of the "
         "training solve, each with a one-step phantom gradient (0: off)",
     )
-    tr.add_argument(
-        "--correction-decay",
-        type=float,
-        default=t.correction_decay,
-        help="DEQ: weight decay of earlier pieces' losses (--corrections)",
-    )
+    _add(tr, "--correction-decay", "DEQ: weight decay of earlier pieces' losses")
 
 
 def _run_options(tr) -> None:
@@ -240,7 +191,7 @@ def _run_options(tr) -> None:
     tr.add_argument(
         "--out",
         default=None,
-        help="output directory (checkpoint.eqx, metrics.json; default: runs/digits or runs/text)",
+        help="output directory (checkpoint.eqx, metrics.json; default: runs/TASK)",
     )
     tr.add_argument(
         "--no-progress",
@@ -255,7 +206,8 @@ def _run_options(tr) -> None:
     tr.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out from its last full epoch (its saved settings)",
+        help="continue the run in --out from its last full epoch with its saved settings "
+        "(--epochs N sets its length anew: a finished run is extended)",
     )
     dist = tr.add_argument_group(
         "several processes (data parallel over all their devices; process 0 writes --out)"
@@ -276,20 +228,30 @@ def _run_options(tr) -> None:
     )
 
 
-def _evaluate_options(ev) -> None:
-    ev.add_argument(
-        "--checkpoint", required=True, help="checkpoint.eqx, or the directory holding it"
+def _checkpoint_option(parser, what: str) -> None:
+    parser.add_argument(
+        "--checkpoint", required=True, help=f"{what}: a checkpoint file, or the run's directory"
     )
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="the run's best validated model (best.eqx) instead of its last (checkpoint.eqx)",
+    )
+
+
+def _evaluate_options(ev) -> None:
+    _checkpoint_option(ev, "a run")
     ev.add_argument(
-        "--steps", type=_ints, default=None, help="solver step budgets to try, e.g. 2,4,8,16"
+        "--steps", type=_budgets, default=None, help="solver step budgets to try, e.g. 2,4,8,16"
     )
     ev.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ev.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (the default off a terminal)"
+    )
 
 
 def _generate_options(ge) -> None:
-    ge.add_argument(
-        "--checkpoint", required=True, help="a text run's checkpoint.eqx, or its directory"
-    )
+    _checkpoint_option(ge, "a text run")
     ge.add_argument("--prompt", default="", help="the text to continue (UTF-8)")
     ge.add_argument("--tokens", type=int, default=200, help="bytes to generate")
     ge.add_argument(
@@ -317,23 +279,10 @@ def _retrieve_options(re) -> None:
     re.add_argument("--out", default="runs/retrieval", help="output directory (retrieval.png)")
 
 
-TASK_OPTIONS = (
-    *("epochs", "batch_size", "label_smoothing", "dropout", "lr", "solver", "adjoint"),
-    *("jacobian_weight", "jacobian_share", "dim", "stem_depth", "attend_input", "out"),
+SETTINGS = tuple(
+    f.name
+    for config in (ModelConfig, TrainConfig)
+    for f in dataclasses.fields(config)
+    if f.name not in ("model", "task", "width", "mlp_ratio", "num_tokens", "in_features")
 )
-"""`eqattn train`'s options whose default depends on `--task` and `--model` (`None` in the
-parser; `eqattn.cli._main` fills them)."""
-
-
-def _by_task(name: str) -> str:
-    """`name`'s defaults for the digits and for text (the DEQ's: those that differ by model
-    are DEQ options), as a help text's end."""
-    model = ModelConfig()
-    digits = getattr(model if hasattr(model, name) else _train_defaults(), name)
-    return f"default: {digits} for digits, {text_defaults('deq').get(name, digits)} for text"
-
-
-def _train_defaults():
-    from ._step import TrainConfig
-
-    return TrainConfig()
+"""The settings `eqattn train` takes as options (each `None` unless given)."""

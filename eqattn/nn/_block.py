@@ -7,13 +7,9 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
-from ._implicit import apply_norm
-from ._multihead import KeyValues, MultiHeadAttention, per_token
-
-
-def check_dropout(rate: float) -> None:
-    if not 0 <= rate < 1:
-        raise ValueError(f"`dropout` must be in [0, 1); got {rate}.")
+from ._multihead import KeyValues, MultiHeadAttention
+from ._norm import apply_norm
+from ._tokens import per_token
 
 
 def _dropout_mask(key, rate, shape, dtype):

@@ -26,10 +26,9 @@ from .._attention import log_normalizer
 from .._renorm import renormalize
 from .._solve import AbstractAdjoint, AbstractFixedPointSolver, Picard
 from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import default_adjoint
-from .._solve._precision import precision_rtol
+from .._solve._fixed_point import takes_max_steps
+from ._checks import check_dims, check_mask, check_tokens
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import check_dims, check_mask, check_tokens
 
 
 class EnergyAttention(AbstractEquilibriumLayer):
@@ -99,10 +98,8 @@ class EnergyAttention(AbstractEquilibriumLayer):
         self.step_size = step_size
         self.norm_eps = norm_eps
         self.injection = injection
-        self.solver = (
-            Picard(rtol=precision_rtol(1e-4, dtype), max_steps=200) if solver is None else solver
-        )
-        self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
+        default = Picard(rtol=1e-4, max_steps=200)
+        self.solver, self.adjoint = self.solving(solver, adjoint, default, dtype)
         self.throw = throw
         self.dim = dim
 
@@ -126,16 +123,18 @@ class EnergyAttention(AbstractEquilibriumLayer):
         """One descent step $z - \\eta\\nabla E(z)$."""
         return z - self.step_size * jax.grad(self.energy)(z, x, mask)
 
-    def equilibrium(self, x, *, mask=None, z0=None, max_steps=None) -> Equilibrium:
+    @takes_max_steps
+    def equilibrium(self, x, *, mask=None, z0=None, budget=None) -> Equilibrium:
         """Descend to a stationary point of $E$ from `z0` (default `x`)."""
         check_tokens(x, self.dim)
         mask = check_mask(mask, x.shape[0], x.shape[0])
         z0 = x if z0 is None else z0
-        return self.solve(EnergyAttention.step, z0, x, mask, max_steps=max_steps)
+        return self.solve(EnergyAttention.step, z0, x, mask, budget=budget)
 
+    @takes_max_steps
     def forward(
-        self, x, *, mask=None, z0=None, max_steps=None
+        self, x, *, mask=None, z0=None, budget=None
     ) -> tuple[Float[Array, "n dim"], Equilibrium]:
         """The stationary point and its [`eqattn.Equilibrium`][] (the output is the solved state)."""
-        eq = self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps)
+        eq = self.equilibrium(x, mask=mask, z0=z0, budget=budget)
         return eq.value, eq

@@ -35,12 +35,12 @@ from .._solve import (
     Picard,
 )
 from .._solve._equilibrium import RESULTS, Equilibrium
-from .._solve._fixed_point import default_adjoint
-from .._solve._precision import precision_rtol
-from ._block import check_dropout
+from .._solve._fixed_point import takes_max_steps
+from ._checks import check_dims, check_dropout, check_mask, check_tokens
 from ._hopfield_options import HopfieldOptions, options_of
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import MultiHeadAttention, check_dims, check_mask, check_tokens, per_token
+from ._multihead import MultiHeadAttention
+from ._tokens import per_token
 
 
 class Hopfield(AbstractEquilibriumLayer):
@@ -83,7 +83,7 @@ class Hopfield(AbstractEquilibriumLayer):
     state = jax.random.normal(jax.random.key(1), (5, 16))
     stored = jax.random.normal(jax.random.key(2), (12, 8))
     out, eq = eqx.filter_jit(layer.forward)(state, stored)
-    assert out.shape == (5, 16) and eq.converged and not eq.energy_rose
+    assert out.shape == (5, 16) and eq.converged and not eq.stats["energy_rose"]
     ```
     """
 
@@ -157,10 +157,8 @@ class Hopfield(AbstractEquilibriumLayer):
         self.stored_norm = eqx.nn.LayerNorm(stored_dim, dtype=dtype) if o.normalize_stored else None
         self.normalize_projected = o.normalize_projected
         self.injection = injection
-        self.solver = (
-            Picard(rtol=precision_rtol(1e-4, dtype), max_steps=500) if solver is None else solver
-        )
-        self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
+        default = Picard(rtol=1e-4, max_steps=500)
+        self.solver, self.adjoint = self.solving(solver, adjoint, default, dtype)
         self.throw = throw
         self.state_dim = state_dim
         self.stored_dim = stored_dim
@@ -272,17 +270,18 @@ class Hopfield(AbstractEquilibriumLayer):
         retrieved = attention(xi, keys, beta=self.attention.beta, mask=mask)
         return (retrieved + self.injection * xi0) / (1 + self.injection)
 
+    @takes_max_steps
     def equilibrium(
-        self, state, stored, *, association_mask=None, padding_mask=None, max_steps=None
+        self, state, stored, *, association_mask=None, padding_mask=None, budget=None
     ) -> Equilibrium:
         """The equilibrium projected state patterns $\\xi^*$ `[heads, n, d_h]` with solver statistics."""
         q0, k, _, mask = self._patterns(state, stored, association_mask, padding_mask)
-        return self._solve(q0, k, mask, max_steps)
+        return self._solve(q0, k, mask, budget)
 
-    def _solve(self, q0, k, mask, max_steps):
+    def _solve(self, q0, k, mask, budget):
         if self.update_steps is not None:
             return self._update_steps(q0, k, mask)
-        eq = self.solve(Hopfield.update, q0, q0, k, mask, max_steps=max_steps)
+        eq = self.solve(Hopfield.update, q0, q0, k, mask, budget=budget)
         # Every solver's first evaluation is the plain update of the start, and plain updates
         # only descend the energy from there: a returned point above that energy is not where
         # repeated updates go (a diagnostic, no gradient; one more update's cost).
@@ -290,7 +289,7 @@ class Hopfield(AbstractEquilibriumLayer):
         start, end = (lax.stop_gradient(self._energy(xi, q0, k, mask)) for xi in (first, eq.value))
         eps = jnp.finfo(start.dtype).eps
         rose = end > start + 64 * eps * (jnp.abs(start) + jnp.abs(end) + 1)
-        return dataclasses.replace(eq, energy_rose=rose)
+        return dataclasses.replace(eq, stats={**eq.stats, "energy_rose": rose})
 
     def _energy(self, xi, q0, k, mask):
         e = hopfield_energy(xi, k[:, None], beta=self.attention.beta[:, None], mask=mask)
@@ -332,10 +331,10 @@ class Hopfield(AbstractEquilibriumLayer):
             steps=steps,
             residual=residual,
             relative_residual=residual / scale,
-            converged=converged,
             result=RESULTS.where(converged, RESULTS.successful, RESULTS.max_steps_reached),
         )
 
+    @takes_max_steps
     def forward(
         self,
         state,
@@ -343,7 +342,7 @@ class Hopfield(AbstractEquilibriumLayer):
         *,
         association_mask=None,
         padding_mask=None,
-        max_steps=None,
+        budget=None,
         key=None,
         inference=None,
         values=None,
@@ -352,7 +351,7 @@ class Hopfield(AbstractEquilibriumLayer):
         stored_dim]`: what the values are projected from (hopfield-layers' pattern projection;
         default `stored`), normalized like `stored`."""
         q0, k, stored_n, mask = self._patterns(state, stored, association_mask, padding_mask)
-        eq = self._solve(q0, k, mask, max_steps)
+        eq = self._solve(q0, k, mask, budget)
         if values is not None:
             check_tokens(values, self.stored_dim, "values")
             if values.shape[0] != stored.shape[0]:

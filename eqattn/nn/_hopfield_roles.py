@@ -12,6 +12,7 @@ from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._solve._equilibrium import Equilibrium
+from .._solve._fixed_point import takes_max_steps
 from ._hopfield import Hopfield
 from ._layer import AbstractSolved
 
@@ -52,8 +53,9 @@ class HopfieldPooling(AbstractSolved):
         self.queries = jax.random.normal(kq, (num_queries, dim), dtype or jnp.result_type(float))
         self.trainable = trainable
 
+    @takes_max_steps
     def forward(
-        self, stored, *, padding_mask=None, max_steps=None, key=None, inference=None
+        self, stored, *, padding_mask=None, budget=None, key=None, inference=None
     ) -> tuple[Float[Array, "q out"], Equilibrium]:
         """The pooled vectors and the `Equilibrium` of the projected queries."""
         queries = self.queries if self.trainable else lax.stop_gradient(self.queries)
@@ -61,7 +63,7 @@ class HopfieldPooling(AbstractSolved):
             queries,
             stored,
             padding_mask=padding_mask,
-            max_steps=max_steps,
+            budget=budget,
             key=key,
             inference=inference,
         )
@@ -115,8 +117,9 @@ class HopfieldLayer(AbstractSolved):
         self.trainable = trainable
         self.targets_trainable = targets_trainable
 
+    @takes_max_steps
     def forward(
-        self, state, *, max_steps=None, key=None, inference=None
+        self, state, *, budget=None, key=None, inference=None
     ) -> tuple[Float[Array, "n out"], Equilibrium]:
         """The looked-up output and the `Equilibrium` of the projected state patterns."""
         patterns = self.patterns if self.trainable else lax.stop_gradient(self.patterns)
@@ -124,5 +127,5 @@ class HopfieldLayer(AbstractSolved):
         if targets is not None and not self.targets_trainable:
             targets = lax.stop_gradient(targets)
         return self.hopfield.forward(
-            state, patterns, max_steps=max_steps, key=key, inference=inference, values=targets
+            state, patterns, budget=budget, key=key, inference=inference, values=targets
         )

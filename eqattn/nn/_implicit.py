@@ -10,7 +10,7 @@ Forward by `eqattn.fixed_point`, backward by its adjoint (implicit differentiati
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -18,43 +18,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._attention import Implementation
-from .._renorm import renormalize, standardize_tokens
-from .._solve import (
-    AbstractAdjoint,
-    AbstractFixedPointSolver,
-    Anderson,
-)
+from .._solve import AbstractAdjoint, AbstractFixedPointSolver, Anderson
 from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import default_adjoint
-from .._solve._precision import precision_rtol
+from .._solve._fixed_point import takes_max_steps
 from ..parallel import SequenceSplit
+from ._checks import check_dims, check_mask, check_tokens
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import (
-    MultiHeadAttention,
-    check_dims,
-    check_mask,
-    check_tokens,
-    per_token,
-    shard_tokens,
-)
-
-Norm = Literal["layer", "tokens"]
-
-
-def apply_norm(norm: str, z):
-    if norm == "layer":
-        return renormalize(z, axis=-1)
-    return standardize_tokens(z)
-
-
-def check_norm(norm: str, causal: bool = False):
-    if norm not in ("layer", "tokens"):
-        raise ValueError(f"`norm` must be 'layer' or 'tokens'; got {norm!r}.")
-    if causal and norm == "tokens":
-        raise ValueError(
-            "`norm='tokens'` mixes the tokens (it standardizes over them), so a causal block "
-            "would let a token see later ones: use norm='layer' with causal=True."
-        )
+from ._multihead import MultiHeadAttention
+from ._norm import Norm, apply_norm, check_norm
+from ._tokens import per_token, shard_tokens
 
 
 class ImplicitAttention(AbstractEquilibriumLayer):
@@ -132,8 +104,7 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         self.inject = eqx.nn.Linear(dim, dim, key=ki, dtype=dtype)
         # A unit-variance injection makes RN contract by about 1/sqrt(2) at initialization.
         self.inject_norm = eqx.nn.LayerNorm(dim, dtype=dtype)
-        self.solver = Anderson(rtol=precision_rtol(1e-4, dtype)) if solver is None else solver
-        self.adjoint = default_adjoint(self.solver) if adjoint is None else adjoint
+        self.solver, self.adjoint = self.solving(solver, adjoint, Anderson(rtol=1e-4), dtype)
         self.norm = norm
         self.throw = throw
         self.dim = dim
@@ -147,26 +118,28 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         z = apply_norm(self.norm, z + self.attention(z, z, mask=mask) + injection)
         return shard_tokens(self.attention.sequence, z)
 
+    @takes_max_steps
     def equilibrium(
         self,
         x: Float[Array, "n dim"],
         *,
         mask: Bool[Array, "n n"] | None = None,
         z0: Float[Array, "n dim"] | None = None,
-        max_steps: int | None = None,
+        budget: int | None = None,
     ) -> Equilibrium:
         """Solve for $z^*$; returns the [`eqattn.Equilibrium`][] (value and solver statistics).
-        `z0` warm-starts the solve; `max_steps` caps it for this call."""
+        `z0` warm-starts the solve; `budget` caps it for this call."""
         check_tokens(x, self.dim)
         n = x.shape[0]
         mask = check_mask(mask, n, n)
         injection = shard_tokens(self.attention.sequence, self.injection(x))
         z0 = jnp.zeros_like(injection) if z0 is None else shard_tokens(self.attention.sequence, z0)
-        return self.solve(ImplicitAttention.step, z0, injection, mask, max_steps=max_steps)
+        return self.solve(ImplicitAttention.step, z0, injection, mask, budget=budget)
 
+    @takes_max_steps
     def forward(
-        self, x, *, mask=None, z0=None, max_steps=None
+        self, x, *, mask=None, z0=None, budget=None
     ) -> tuple[Float[Array, "n dim"], Equilibrium]:
         """$z^*$ and its [`eqattn.Equilibrium`][] (the output is the solved state)."""
-        eq = self.equilibrium(x, mask=mask, z0=z0, max_steps=max_steps)
+        eq = self.equilibrium(x, mask=mask, z0=z0, budget=budget)
         return eq.value, eq

@@ -1,18 +1,17 @@
 """What the transformer models (explicit and implicit) share around their blocks: the token
-embedding in front and the read-out behind, each an Equinox module the models hold as a field,
-and the model itself, which differs between the two only in how its blocks are applied."""
+embedding in front and the read-out behind, each an Equinox module the models hold as a
+field."""
 
 from __future__ import annotations
 
-import abc
-from typing import Any, Literal
+from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from ._multihead import per_token
+from ._tokens import per_token
 
 Pooling = Literal["mean", "cls", "none"]
 
@@ -182,30 +181,3 @@ def token_io(
         dtype=dtype,
     )
     return embedding, ReadOut(dim, num_outputs, key=readout_key, pooling=pooling, dtype=dtype)
-
-
-class AbstractTransformer(eqx.Module):
-    """Embedding -> blocks -> read-out. [`eqattn.nn.Transformer`][] and
-    [`eqattn.nn.DEQTransformer`][] hold the same `embedding` and `readout` modules and differ
-    only in `apply_blocks`: stacked blocks, or one block solved to equilibrium.
-
-    Subclasses declare `embedding` ([`eqattn.nn.TokenEmbedding`][]) first and `readout`
-    ([`eqattn.nn.ReadOut`][]) last, with their blocks between: the pytree's leaves (and so the
-    checkpoints) then follow the order of the computation. (A field declared here would come
-    first.)"""
-
-    embedding: eqx.AbstractVar[TokenEmbedding]
-
-    @abc.abstractmethod
-    def apply_blocks(
-        self, h: Float[Array, "tokens dim"], mask: Bool[Array, "1 tokens"] | None, **kwargs
-    ) -> tuple[Float[Array, "tokens dim"], Any]:
-        """`(state after the blocks, their statistics)` from the embedded tokens `h`; `mask`
-        is the key padding mask of the attention."""
-
-    def _run(self, x, padding_mask, **kwargs) -> tuple[Array, Any]:
-        """The logits and `apply_blocks`' statistics."""
-        h, padding_mask = self.embedding(x, padding_mask)
-        mask = None if padding_mask is None else padding_mask[None, :]
-        z, stats = self.apply_blocks(h, mask, **kwargs)
-        return self.readout(z, padding_mask), stats

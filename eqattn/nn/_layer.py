@@ -11,6 +11,8 @@ import equinox as eqx
 
 from .._solve import AbstractAdjoint, AbstractFixedPointSolver, fixed_point
 from .._solve._equilibrium import Equilibrium
+from .._solve._fixed_point import default_adjoint
+from .._solve._precision import precision_rtol
 
 
 class AbstractSolved(eqx.Module):
@@ -45,7 +47,21 @@ class AbstractEquilibriumLayer(AbstractSolved):
     adjoint: eqx.AbstractVar[AbstractAdjoint]
     throw: eqx.AbstractVar[bool]
 
-    def solve(self, update: Callable, z0, *args, max_steps=None) -> Equilibrium:
+    @staticmethod
+    def solving(
+        solver: AbstractFixedPointSolver | None,
+        adjoint: AbstractAdjoint | None,
+        default: AbstractFixedPointSolver,
+        dtype=None,
+    ) -> tuple[Any, AbstractAdjoint]:
+        """A layer's solver and adjoint from its constructor's arguments: `solver`, else the
+        layer's `default` with its `rtol` raised to what `dtype`'s matmuls resolve; `adjoint`,
+        else the solver's default ([`eqattn.fixed_point`][]'s)."""
+        if solver is None:
+            solver = eqx.tree_at(lambda s: s.rtol, default, precision_rtol(default.rtol, dtype))
+        return solver, default_adjoint(solver) if adjoint is None else adjoint
+
+    def solve(self, update: Callable, z0, *args, budget=None) -> Equilibrium:
         """Solve $z = \\mathrm{update}(\\mathrm{self}, z, *\\mathrm{args})$ from `z0` with this layer's
         solver, adjoint and `throw`. The layer and `args` are passed explicitly, so gradients
         reach every parameter."""
@@ -56,5 +72,5 @@ class AbstractEquilibriumLayer(AbstractSolved):
             solver=self.solver,
             adjoint=self.adjoint,
             throw=self.throw,
-            max_steps=max_steps,
+            budget=budget,
         )

@@ -18,69 +18,9 @@ from .._attention import (
     merge_heads,
     split_heads,
 )
-from ..parallel import SequenceSplit, ring_attention
-
-
-def check_dims(dim: int, num_heads: int, name: str = "dim") -> int:
-    if dim < 1 or num_heads < 1 or dim % num_heads:
-        raise ValueError(
-            f"`num_heads` must divide `{name}`; got {name}={dim}, num_heads={num_heads}."
-        )
-    return dim // num_heads
-
-
-def check_tokens(x, dim: int, name: str = "x"):
-    if jnp.ndim(x) != 2 or x.shape[-1] != dim:
-        raise ValueError(
-            f"`{name}` must have shape [tokens, {dim}] (one example; use jax.vmap for a batch); "
-            f"got shape {jnp.shape(x)}."
-        )
-
-
-def check_mask(mask, n: int, m: int, name: str = "mask"):
-    if mask is None:
-        return None
-    mask = jnp.asarray(mask)
-    try:
-        ok = jnp.broadcast_shapes(mask.shape, (n, m)) == (n, m) and mask.dtype == jnp.bool_
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"`{name}` must be boolean and broadcast to [{n}, {m}] (queries x keys); got "
-            f"{mask.dtype}{list(mask.shape)}."
-        )
-    return mask
-
-
-def check_sequence(sequence, implementation: str = "auto"):
-    if sequence is not None and not isinstance(sequence, SequenceSplit):
-        raise TypeError(
-            f"`sequence` must be an eqattn.parallel.SequenceSplit or None; got "
-            f"{type(sequence).__name__}."
-        )
-    if sequence is not None and implementation != "auto":
-        raise ValueError(
-            f"`sequence` (ring attention over a mesh) and `implementation={implementation!r}` "
-            "exclude each other: ring attention runs the core on each device's blocks."
-        )
-    return sequence
-
-
-def per_token(linear: eqx.nn.Linear, x: Float[Array, "*tokens in"]) -> Float[Array, "*tokens out"]:
-    r"""`linear` applied to each row of `x`: $x W^\top + b$, one matmul over all the tokens.
-
-    The values of `jax.vmap(linear)(x)`, laid out for what follows: `eqx.nn.Linear` computes
-    $W x$ per token, and batched by `vmap` that product leaves its result as `[out, tokens]`,
-    which XLA transposes back before the next operation (on a CPU, a DEQ block's map spends
-    about a third of its time in those copies)."""
-    y = x @ linear.weight.T
-    return y if linear.bias is None else y + linear.bias
-
-
-def shard_tokens(sequence, x):
-    """`x [..., tokens, dim]` sharded along its tokens as `sequence` says (None: as it is)."""
-    return x if sequence is None else sequence.constrain(x)
+from ..parallel import SequenceSplit
+from ._checks import check_sequence
+from ._tokens import per_token
 
 
 class KeyValues(NamedTuple):
@@ -225,8 +165,14 @@ class MultiHeadAttention(eqx.Module):
         self.use_query_bias, self.use_key_bias = use_query_bias, use_key_bias
         self.use_value_bias, self.use_output_bias = use_value_bias, use_output_bias
         check_implementation(implementation, need_lse=False)
+        if sequence is not None and implementation == "cudnn":
+            raise ValueError(
+                "`sequence` (ring attention over a mesh) runs 'auto', 'xla', 'chunked' or "
+                "'pallas' on each device's blocks (cuDNN gives no log-sum-exp to merge them); "
+                "got implementation='cudnn'."
+            )
         self.implementation = implementation
-        self.sequence = check_sequence(sequence, implementation)
+        self.sequence = check_sequence(sequence)
         if not isinstance(causal, bool):
             raise TypeError(f"`causal` must be True or False; got {causal!r}.")
         self.causal = causal
@@ -272,28 +218,17 @@ class MultiHeadAttention(eqx.Module):
                 raise ValueError("`prefix` (a key/value cache) does not combine with `sequence`.")
             k = jnp.concatenate([prefix.keys.astype(k.dtype), k], axis=1)
             v = jnp.concatenate([prefix.values.astype(v.dtype), v], axis=1)
-        if self.sequence is None:
-            out = attention(
-                q,
-                k,
-                v,
-                beta=self.beta,
-                mask=mask,
-                causal=self.causal,
-                implementation=self.implementation,
-            )
-        else:
-            split = self.sequence
-            out = ring_attention(
-                q,
-                k,
-                v,
-                mesh=split.mesh,
-                axis=split.axis,
-                beta=self.beta,
-                mask=mask,
-                causal=self.causal,
-            )
+        # one call decides how: the engine on this device, or the ring over `sequence`'s mesh
+        attend = attention if self.sequence is None else self.sequence.attention
+        out = attend(
+            q,
+            k,
+            v,
+            beta=self.beta,
+            mask=mask,
+            causal=self.causal,
+            implementation=self.implementation,
+        )
         out = merge_heads(out)
         return out if self.output_proj is None else per_token(self.output_proj, out)
 

@@ -12,13 +12,18 @@ from collections.abc import Sequence
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from .._attention import Implementation
-from ._block import AbstractBlock, check_dropout
-from ._implicit import Norm, check_norm
-from ._io import AbstractTransformer, Pooling, ReadOut, TokenEmbedding, token_io
-from ._multihead import MultiHeadAttention, check_dims
+from .._solve._fixed_point import takes_max_steps
+from ._block import AbstractBlock
+from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
+from ._checks import check_dims, check_dropout
+from ._io import Pooling, ReadOut, TokenEmbedding, token_io
+from ._model import AbstractTransformer, Prediction
+from ._multihead import MultiHeadAttention
+from ._norm import Norm, check_norm
 
 
 class TransformerBlock(AbstractBlock):
@@ -175,6 +180,32 @@ class Transformer(AbstractTransformer):
     def apply_blocks(self, h, mask, *, key=None, inference=None):
         """The blocks one after the other (no statistics)."""
         return run_blocks(self.blocks, h, mask, key=key, inference=inference), None
+
+    @property
+    def attention_blocks(self) -> tuple[TransformerBlock, ...]:
+        return self.blocks
+
+    @takes_max_steps
+    def predict(self, x, *, budget=None, key=None, z0=None) -> Prediction:
+        logits = self(x, key=key, inference=key is None)
+        return Prediction(logits, jnp.array(0), jnp.array(0.0), jnp.array(True), None)
+
+    @takes_max_steps
+    def prefill(self, tokens, length=None, *, budget=None):
+        h, _ = self.embedding(tokens)
+        kvs = []
+        z = run_cached(self.blocks, h, kvs)
+        length = tokens.shape[0] if length is None else length
+        cache = new_cache(kvs, self.embedding.max_len, length, z)
+        return self.readout(z), cache, Step.unsolved(z.dtype)
+
+    @takes_max_steps
+    def extend(self, token, cache: GenerationCache, *, warm_start=True, budget=None):
+        kvs = []
+        z = run_cached(
+            self.blocks, self._next(token, cache), kvs, seen(cache), cache.keys, cache.values
+        )
+        return self.readout(z)[0], write(cache, kvs, z[0]), Step.unsolved(z.dtype)
 
     def __call__(
         self,

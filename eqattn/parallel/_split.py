@@ -8,6 +8,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Float
 
+from ._ring import ring_attention
 from ._sequence import check_axis
 
 
@@ -54,3 +55,14 @@ class SequenceSplit:
             )
         spec = P(*([None] * (x.ndim - 2)), self.axis, None)
         return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def attention(
+        self,
+        queries: Float[Array, "*batch n d"],
+        keys: Float[Array, "*batch m d"],
+        values: Float[Array, "*batch m dv"] | None = None,
+        **options,
+    ) -> Float[Array, "*batch n dv"]:
+        """[`eqattn.parallel.ring_attention`][] over this split's mesh axis (`options`: its
+        keyword arguments, e.g. `beta`, `mask`, `causal`, `implementation`)."""
+        return ring_attention(queries, keys, values, mesh=self.mesh, axis=self.axis, **options)

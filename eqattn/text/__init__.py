@@ -22,12 +22,7 @@ from ._corpus import (
     split_documents as split_documents,
     stdlib_files as stdlib_files,
 )
-from ._generate import (
-    Generated as Generated,
-    encode as encode,
-    generate as generate,
-    load_model as load_model,
-)
+from ._generate import Generated as Generated, encode as encode, generate as generate
 from ._windows import (
     Windows as Windows,
     evaluation_windows as evaluation_windows,
@@ -49,5 +44,29 @@ __all__ = [
     "evaluation_windows",
     "encode",
     "generate",
-    "load_model",
 ]
+
+
+def __getattr__(name: str):
+    if name == "load_model":  # kept for one release
+        import warnings
+
+        warnings.warn(
+            "`eqattn.text.load_model(path)` is deprecated: `eqattn.train.load_model(path).model` "
+            "gives the model (with its configuration and header beside it); the old name will "
+            "be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _load_language_model
+    raise AttributeError(f"module 'eqattn.text' has no attribute {name!r}")
+
+
+def _load_language_model(checkpoint, max_steps=None):
+    """The deprecated `load_model`'s contract: the model of a text checkpoint."""
+    from ..train import RunError, load_model  # the deprecated alias alone reaches up
+
+    model, config, _ = load_model(checkpoint, max_steps)
+    if config.task != "text":
+        raise RunError(f"{str(checkpoint)!r} holds a {config.task} model, not a text model")
+    return model

@@ -95,6 +95,10 @@ def _read(files: Sequence[tuple[Path, Path]]) -> tuple[list[tuple[str, bytes]], 
     return documents, skipped
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
 def _rank(name: str) -> bytes:
     return hashlib.sha256(name.encode()).digest()
 
@@ -174,12 +178,16 @@ def load_corpus(paths: Sequence[str | Path] | None = None, holdout: float = HOLD
         files = _expand(paths)
     documents, skipped = _read(files)
     if not documents:
-        raise ValueError(f"the corpus has no text: {len(files)} files, of which skipped {skipped}.")
+        counts = ", ".join(f"{n} {why}" for why, n in skipped.items() if n) or "none"
+        raise ValueError(
+            f"the corpus has no text: {_count(len(files), 'file')}, skipped: {counts}."
+        )
     train, validation, test = split_documents(documents, holdout)
     if not (train and validation and test):
         raise ValueError(
             f"the corpus is too small to split into training, validation and test "
-            f"({sum(len(d) for _, d in documents)} bytes in {len(documents)} files)."
+            f"({_count(sum(len(d) for _, d in documents), 'byte')} in "
+            f"{_count(len(documents), 'file')})."
         )
     digest = hashlib.sha256()
     for name, data in sorted(documents):

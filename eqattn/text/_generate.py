@@ -1,48 +1,15 @@
-"""Loading a trained text model, and generating bytes with its cache."""
+"""Generating bytes with a language model and its cache."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from .._solve._fixed_point import takes_max_steps
 from ._corpus import BYTES, START
-
-
-def load_model(checkpoint: str | Path, max_steps: int | None = None):
-    """The language model of an `eqattn train --task text` checkpoint (a file, or the run's
-    directory), as an Equinox model for `generate`; `max_steps` raises the implicit model's
-    solver step limit above the trained one.
-
-    **Example:**
-
-    ```python
-    import pathlib, tempfile
-    from eqattn import cli, text
-
-    folder = pathlib.Path(tempfile.mkdtemp())
-    for i in range(40):
-        (folder / f"{i}.txt").write_text(f"line {i}\\n" * 4)
-    model_config = cli.ModelConfig(task="text", model="explicit", context=8, dim=8, heads=2)
-    config = cli.TrainConfig(epochs=1, epoch_steps=1, batch_size=2, text=(str(folder),))
-    cli.train(model_config, config, folder / "run", progress=False)
-    model = text.load_model(folder / "run")  # an Equinox model: no eqattn.cli needed from here
-    print(text.generate(model, "line ", 8).text.decode(errors="replace"))
-    ```
-    """
-    from ..cli._errors import CommandError
-    from ..cli._evaluate import load_model as load
-
-    model, config, _ = load(checkpoint, max_steps)
-    if config.task != "text":
-        raise CommandError(
-            f"{str(checkpoint)!r} holds a {config.task} model, not a text model: train one with "
-            "eqattn train --task text"
-        )
-    return model
 
 
 class Generated(NamedTuple):
@@ -109,7 +76,7 @@ def _steps():
 
     @eqx.filter_jit
     def prefill(model, tokens, lengths, key, options):
-        fn = lambda t, n: nn.prefill(model, t, n, max_steps=options.max_steps)  # noqa: E731
+        fn = lambda t, n: nn.prefill(model, t, n, budget=options.budget)  # noqa: E731
         logits, cache, stats = jax.vmap(fn)(tokens, lengths)
         last = jax.vmap(lambda x, n: x[n - 1])(logits, lengths)
         return (*draw(last, key, options.temperature, options.top_k), cache, stats)
@@ -117,9 +84,7 @@ def _steps():
     @eqx.filter_jit
     def extend(model, token, cache, key, options):
         def fn(t, c):
-            return nn.extend(
-                model, t, c, warm_start=options.warm_start, max_steps=options.max_steps
-            )
+            return nn.extend(model, t, c, warm_start=options.warm_start, budget=options.budget)
 
         logits, cache, stats = jax.vmap(fn)(token, cache)
         return (*draw(logits, key, options.temperature, options.top_k), cache, stats)
@@ -133,7 +98,7 @@ class _Options(NamedTuple):
     temperature: float
     top_k: int | None
     warm_start: bool
-    max_steps: int | None
+    budget: int | None
 
 
 def _batch(sequences: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -151,9 +116,13 @@ def _encoded(model, prompts, tokens, temperature, top_k) -> list[list[int]]:
     left to the model's context, with a warning)."""
     import warnings
 
-    from ..nn._generate import check_language_model
+    from .. import nn
 
-    check_language_model(model)
+    if not isinstance(model, nn.AbstractTransformer):
+        raise TypeError(
+            f"generation needs an eqattn.nn.DEQTransformer or Transformer; got {type(model)}."
+        )
+    model.check_language_model()
     if tokens < 0:
         raise ValueError(f"`tokens` must be >= 0; got {tokens}.")
     if not temperature >= 0:
@@ -173,6 +142,7 @@ def _encoded(model, prompts, tokens, temperature, top_k) -> list[list[int]]:
     return [list(symbols) for symbols, _ in encoded]
 
 
+@takes_max_steps
 def generate(
     model,
     prompt: str | bytes | Sequence[str | bytes],
@@ -182,7 +152,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     warm_start: bool = True,
-    max_steps: int | None = None,
+    budget: int | None = None,
     on_token=None,
 ) -> Generated:
     """`tokens` bytes generated after `prompt` (or after each prompt of a list) by a byte-level
@@ -221,7 +191,7 @@ def generate(
     history = _encoded(model, [prompt] if single else list(prompt), tokens, temperature, top_k)
     context = model.embedding.max_len
     prefill, extend = _steps()
-    options = _Options(float(temperature), top_k, bool(warm_start), max_steps)
+    options = _Options(float(temperature), top_k, bool(warm_start), budget)
     key = jax.random.key(0) if key is None else key
     new, key, cache, stats = prefill(model, *_batch(history, context), key, options)
     filled = max(len(h) for h in history)  # the cache's longest row

@@ -8,14 +8,15 @@ import errno
 import fcntl
 import os
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
-from ._errors import CommandError, UsageError
+from ._errors import ConfigError, RunError
 
 LOCK = ".eqattn.lock"
 TEMP_PREFIX = ".eqattn-tmp-"
-RUN_FILES = ("checkpoint.eqx", "metrics.json")
+RUN_FILES = ("checkpoint.eqx", "metrics.json", "best.eqx")
 
 
 _HITS: dict[str, int] = {}
@@ -38,7 +39,7 @@ def failpoint(name: str) -> None:
 
 
 def writable_dir(path: str | os.PathLike) -> Path:
-    """`path` as a directory that exists and can be written (made if needed), or a CommandError."""
+    """`path` as a directory that exists and can be written (made if needed), or a RunError."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -46,9 +47,7 @@ def writable_dir(path: str | os.PathLike) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise CommandError(
-            f"cannot write to output directory {str(path)!r}: {e.strerror}"
-        ) from None
+        raise RunError(f"cannot write to output directory {str(path)!r}: {e.strerror}") from None
     return path
 
 
@@ -98,7 +97,7 @@ class RunDirectory:
         writer: bool = True,
     ):
         if overwrite and resume:
-            raise UsageError("--overwrite and --resume exclude each other")
+            raise ConfigError("--overwrite and --resume exclude each other")
         self.path = Path(out)
         self.overwrite, self.resume, self.writer = overwrite, resume, writer
         self.moved_to: Path | None = None
@@ -111,6 +110,10 @@ class RunDirectory:
             # other in a collective.
             self._refuse()
             return self
+        # What this run adds (the directory, its lock file) is removed again if it is refused or
+        # stops before writing anything: a refusal leaves the file system as it found it.
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self._made = (missing, not (self.path / LOCK).exists())
         writable_dir(self.path)
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -119,18 +122,18 @@ class RunDirectory:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise CommandError(
+                raise RunError(
                     f"{str(self.path)!r} is in use by another eqattn train (PID {holder})"
                 ) from None
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         try:
             self._prepare()
         except BaseException:
-            self.__exit__(None, None, None)
+            self.__exit__(*sys.exc_info())
             raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
         return self
 
     def _refuse(self) -> list[str]:
@@ -138,18 +141,18 @@ class RunDirectory:
         present = [name for name in RUN_FILES if (self.path / name).exists()]
         if self.resume:
             if "checkpoint.eqx" not in present:
-                raise CommandError(f"nothing to resume: no checkpoint in {str(self.path)!r}")
+                raise RunError(f"nothing to resume: no checkpoint in {str(self.path)!r}")
         elif present and not self.overwrite:
-            raise CommandError(
+            raise RunError(
                 f"{str(self.path)!r} holds a run ({', '.join(present)}); pass --resume to "
                 "continue it, --overwrite to move it aside, or another --out"
             )
         return present
 
     def _prepare(self) -> None:
+        present = self._refuse()
         for stale in self.path.glob(TEMP_PREFIX + "*"):  # left by a killed run
             stale.unlink(missing_ok=True)
-        present = self._refuse()
         if self.resume or not present:
             return
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
@@ -161,7 +164,19 @@ class RunDirectory:
         self.moved_to = target
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        if self._fd is None:
+            return
+        untouched = self.moved_to is None and not any(
+            (self.path / name).exists() for name in RUN_FILES
+        )
+        if exc[0] is not None and untouched:  # nothing written: leave no trace
+            made_dirs, made_lock = self._made
+            if made_lock:
+                (self.path / LOCK).unlink(missing_ok=True)
+            for folder in made_dirs:  # this one first, then the parents made for it
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None

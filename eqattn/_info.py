@@ -1,4 +1,5 @@
-"""`eqattn info`: versions, devices and the optional backends this installation has."""
+"""What this installation has: versions, devices and the optional solver backends (what
+`eqattn info` prints)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,18 @@ def _version(package: str) -> str | None:
 
 
 def info() -> dict[str, Any]:
-    """What `eqattn info` prints, as a dict."""
+    """This installation's Python and package versions, JAX's backend and devices, and the
+    solver backends it can use (what `eqattn info` prints).
+
+    **Example:**
+
+    ```python
+    import eqattn
+
+    facts = eqattn.info()
+    assert facts["versions"]["jax"] and facts["devices"]
+    ```
+    """
     packages = (
         "eqattn", "jax", "jaxlib", "equinox", "optax", "jaxopt", "optimistix", "lineax", "numpy"
     )  # fmt: skip
@@ -36,11 +48,3 @@ def info() -> dict[str, Any]:
             "lineax (GMRES, BiCGStab, NormalCG backward solves)": found("lineax"),
         },
     }
-
-
-def format_info(d: dict[str, Any]) -> str:
-    rows = [("python", d["python"])]
-    rows += [(k, v or "not installed") for k, v in d["versions"].items()]
-    rows += [("backend", d["backend"])] + [("device", x) for x in d["devices"]]
-    rows += [("solvers", f"{k}: {'yes' if v else 'no'}") for k, v in d["solver_backends"].items()]
-    return "\n".join(f"{k:<14}{v}" for k, v in rows)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import data
 from .._hopfield import hopfield_update
-from ._errors import CommandError, UsageError
+from ._errors import ConfigError, RunError
 from ._run import atomic_write, writable_dir
 
 BETAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -37,7 +37,7 @@ def corrupt(
         return np.where(rng.random(images.shape) < amount, 0.0, images).astype(np.float32)
     if how == "noise":
         return (images + amount * rng.standard_normal(images.shape)).astype(np.float32)
-    raise CommandError(f"--corruption must be 'mask' or 'noise'; got {how!r}")
+    raise ConfigError(f"--corruption must be 'mask' or 'noise'; got {how!r}")
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -68,15 +68,15 @@ def retrieve(
     digits = data.load_digits()
     images, labels = digits.train_images, digits.train_labels
     if not 1 <= patterns <= len(images):
-        raise UsageError(f"--patterns must be in [1, {len(images)}]; got {patterns}")
+        raise ConfigError(f"--patterns must be in [1, {len(images)}]; got {patterns}")
     if steps < 1:
-        raise UsageError(f"--steps must be >= 1; got {steps}")
+        raise ConfigError(f"--steps must be >= 1; got {steps}")
     if not betas or not all(math.isfinite(b) and b > 0 for b in betas):
-        raise UsageError(f"every --betas value must be finite and > 0; got {list(betas)}")
+        raise ConfigError(f"every --betas value must be finite and > 0; got {list(betas)}")
     if corruption == "mask" and not 0 <= amount < 1:
-        raise UsageError(f"--amount for 'mask' is a fraction in [0, 1); got {amount}")
+        raise ConfigError(f"--amount for 'mask' is a fraction in [0, 1); got {amount}")
     if not (amount >= 0 and math.isfinite(amount)):
-        raise UsageError(f"--amount must be finite and >= 0; got {amount}")
+        raise ConfigError(f"--amount must be finite and >= 0; got {amount}")
     out = writable_dir(out_dir) if plot else None
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(images), patterns, replace=False)
@@ -127,9 +127,7 @@ def _plot(path: Path, queries, retrieved, stored, beta, columns: int = 8) -> Pat
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise CommandError(
-            "the retrieval figure needs matplotlib: pip install matplotlib"
-        ) from None
+        raise RunError("the retrieval figure needs matplotlib: pip install matplotlib") from None
     fig, axes = plt.subplots(3, columns, figsize=(columns * 1.1, 3.6))
     for row, (name, x) in enumerate(
         (("query", queries), (f"retrieved, beta={beta:g}", retrieved), ("stored", stored))

@@ -13,12 +13,14 @@ from typing import Any
 
 import equinox as eqx
 
-from ._errors import CommandError
+from ._errors import RunError
 from ._run import atomic_write
 
 FORMAT = "eqattn-checkpoint-2"
 _READABLE = ("eqattn-checkpoint-1", FORMAT)  # format 1: no checksum, no training state
-FILENAME = "checkpoint.eqx"
+CHECKPOINT = "checkpoint.eqx"
+BEST = "best.eqx"
+"""The model of the epoch with the best validation score (tasks with a validation split)."""
 
 
 # Python bools in a model (the layers' `inference` flags) are modes, not weights: they are not
@@ -63,16 +65,16 @@ def read_header(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """The checkpoint file (a directory means its `checkpoint.eqx`) and its header."""
     path = Path(path)
     if path.is_dir():
-        path = path / FILENAME
+        path = path / CHECKPOINT
     if not path.is_file():
-        raise CommandError(f"checkpoint not found: {str(path)!r}")
+        raise RunError(f"checkpoint not found: {str(path)!r}")
     try:
         with open(path, "rb") as f:
             header = json.loads(f.readline().decode())
     except (UnicodeDecodeError, json.JSONDecodeError, OSError):
         header = None
     if not isinstance(header, dict) or header.get("format") not in _READABLE:
-        raise CommandError(f"{str(path)!r} is not an eqattn checkpoint (no {FORMAT} header)")
+        raise RunError(f"{str(path)!r} is not an eqattn checkpoint (no {FORMAT} header)")
     return path, header
 
 
@@ -84,12 +86,12 @@ def _payload(path: Path) -> tuple[dict[str, Any], bytes]:
         payload = f.read()
     if header["format"] != "eqattn-checkpoint-1":
         if len(payload) != header.get("payload_bytes"):
-            raise CommandError(
+            raise RunError(
                 f"checkpoint {str(path)!r} is corrupt: {len(payload)} bytes of data, its header "
                 f"says {header.get('payload_bytes')} (truncated or appended to)"
             )
         if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-            raise CommandError(
+            raise RunError(
                 f"checkpoint {str(path)!r} is corrupt: its data does not match the SHA-256 in "
                 "its header (overwritten or damaged)"
             )
@@ -103,7 +105,7 @@ def _deserialise(path, data: bytes, like, what: str):
         if buffer.read(1):
             raise ValueError("trailing bytes")
     except Exception as e:  # equinox/numpy raise various errors on foreign data
-        raise CommandError(
+        raise RunError(
             f"checkpoint {str(path)!r}: its {what} does not match its configuration "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})"
         ) from None
@@ -121,5 +123,5 @@ def load_train_state(path: str | os.PathLike, like):
     """The training state saved after the model, shaped like `like`, and the header."""
     header, payload = _payload(Path(path))
     if "resume" not in header:
-        raise CommandError(f"checkpoint {str(path)!r} holds no training state to resume from")
+        raise RunError(f"checkpoint {str(path)!r} holds no training state to resume from")
     return _deserialise(path, payload[header["model_bytes"] :], like, "training state"), header

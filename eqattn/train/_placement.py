@@ -9,7 +9,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from ..parallel import data_mesh, replicate, shard_batch
-from ._errors import UsageError
+from ._errors import ConfigError
 
 
 class Placement:
@@ -32,12 +32,12 @@ def placement(warm: bool, batch: int) -> Placement | None:
     if jax.process_count() == 1:
         return None
     if warm:
-        raise UsageError(
+        raise ConfigError(
             "--warm-start keeps every training example's fixed point in one process's memory: "
             "not with several processes"
         )
     if batch % jax.device_count():
-        raise UsageError(
+        raise ConfigError(
             f"--batch-size ({batch}) must be a multiple of the {jax.device_count()} devices of "
             f"the {jax.process_count()} processes"
         )

@@ -1,0 +1,378 @@
+"""`eqattn train --task text`: a causal byte-level language model (DEQ or explicit) on a corpus
+of documents (`eqattn.text`), scored in bits per byte."""
+
+from __future__ import annotations
+
+import math
+import platform
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import nn, text
+from ._config import ModelConfig
+from ._errors import ConfigError, RunError
+from ._evaluation import budget_sweep, progress_bar, sweep_note
+from ._models import deq_options, explicit_shape, predict
+from ._step import apply, penalties, probed
+from ._task import AbstractTask, Headline, run_line
+
+VALIDATION_WINDOWS = 64
+"""Windows of the validation split scored after each epoch (spread over the whole split)."""
+EVAL_BATCH = 32
+"""Windows per evaluation call (the last call is padded with unscored windows)."""
+TOKENS_PER_GRADIENT = 4096
+"""A text step differentiates at most this many tokens at a time: the batch's windows in
+chunks whose gradients are summed (the same step; the memory of one chunk). `--context 4096`
+at batch 16 takes 16 chunks of one window."""
+
+# The text task's defaults that differ from the digits' (measured on a 2-core CPU, default
+# corpus, context 256, seed 0; then `python -m benchmarks text` over seeds 0-2): 500 steps of
+# 16 windows end in about 3 minutes in all. The learning rate: the explicit model's bits per
+# byte were 3.28 at the digits' 3e-3, 3.01 at 1e-2, 2.96 at 2e-2, and 4.67 (no learning past
+# the byte frequencies) at 4e-2; 1e-2 keeps a factor of 4 from that cliff. The DEQ's shape
+# (the explicit model matches its parameters): one explicit block before the DEQ block
+# (`stem_depth` 1) at width 52 has the parameters of one block at width 64; it reached
+# 3.245, 3.192, 3.204 bits per byte against the single block's 3.315, 3.325, 3.332. The
+# findings page has the trials.
+_DEFAULTS = {
+    "dim": 52,
+    "stem_depth": 1,
+    "epochs": 5,
+    "batch_size": 16,
+    "lr": 1e-2,
+    "label_smoothing": 0.0,
+    "dropout": 0.0,
+}
+# The DEQ's own. Picard's solves diverged mid-run at learning rates >= 6e-3; Anderson's
+# converged. The implicit backward left 36% of the test solves unconverged at 1e-2; the
+# Jacobian-free one converged them all. The Jacobian penalty probes an eighth of each batch's
+# windows (the same bits per byte as all of them, at an eighth of its cost); its weight trades
+# bits per byte against solver steps. The attention reads the block's input too
+# (`attend_input`): 3.127 against 3.245 reading the state alone (seeds 0-2 alike).
+_DEQ_DEFAULTS = {
+    "solver": "anderson",
+    "adjoint": "jacobian-free",
+    "jacobian_weight": 0.1,
+    "jacobian_share": 0.125,
+    "attend_input": True,
+}
+
+
+def protocol(context: int) -> dict[str, Any]:
+    """The evaluation protocol, as metrics.json records it."""
+    return {
+        "documents": "each file (or piece) on its own: no context across documents",
+        "context": context,
+        "stride": context // 2,
+        "scored": "every byte of the split exactly once, after START and the bytes before it in "
+        "its document; a byte past a document's first window has at least context - stride "
+        "bytes of history",
+        "unit": "bits per byte: mean of -log2 p(byte | history)",
+    }
+
+
+def windows_per_chunk(batch: int, context: int, tokens: int = TOKENS_PER_GRADIENT) -> int:
+    """The largest divisor of `batch` whose windows hold at most `tokens` tokens (at least 1)."""
+    most = max(1, tokens // context)
+    return max(d for d in range(1, min(batch, most) + 1) if batch % d == 0)
+
+
+def make_text_train_step(model_config, config, optimizer, tokens=TOKENS_PER_GRADIENT):
+    """`step(model, opt_state, x, (targets, weights), key, z0)`: one optimizer step on windows
+    (`Step`); the loss is the mean cross-entropy (nats) of the scored positions; `stats` =
+    (bits per byte, solver steps, relative residual, converged). The gradient is summed over
+    chunks of at most `tokens` tokens (`windows_per_chunk`)."""
+
+    regularize = model_config.model == "deq" and config.jacobian_weight > 0
+
+    def chunk_loss(model, x, labels, keys, scored, windows, penalized):
+        """The chunk's share of the batch's loss and statistics: sums over its windows,
+        divided by the batch's scored positions and windows (the penalty's, over the batch's
+        `penalized` windows)."""
+        targets, weights = labels
+        p = jax.vmap(lambda xi, ki: predict(model, xi, config.train_steps, key=ki))(x, keys[0])
+        nats = optax.softmax_cross_entropy_with_integer_labels(p.logits, targets)
+        loss = jnp.sum(nats * weights) / scored
+        stats = tuple(jnp.sum(a) / windows for a in (p.steps, p.residual, p.converged))
+        stats = (loss / math.log(2), *stats)
+        if regularize:  # the Jacobian penalty at each window's fixed point (same dropout masks)
+            penalty = penalties(model, x, p.fixed_point, keys, probed(config, len(x)))
+            loss = loss + config.jacobian_weight * jnp.sum(penalty) / penalized
+        return loss, stats
+
+    grad = eqx.filter_value_and_grad(chunk_loss, has_aux=True)
+
+    def step(model, opt_state, x, labels, key, z0):
+        del z0  # no warm start for text
+        batch, context = x.shape
+        keys = jax.random.split(key, (2, batch))
+        per = windows_per_chunk(batch, context, tokens)
+        penalized = probed(config, per) * (batch // per)
+        totals = (jnp.maximum(jnp.sum(labels[1]), 1), batch, penalized)
+        if per == batch:
+            (loss, stats), grads = grad(model, x, labels, keys, *totals)
+        else:  # a scan over chunks: one chunk's memory, the gradients summed
+            split = lambda a: a.reshape(batch // per, per, *a.shape[1:])  # noqa: E731
+            chunks = (split(x), jax.tree.map(split, labels), jnp.moveaxis(split(keys.T), 2, 1))
+
+            def add(total, chunk):
+                return jax.tree.map(jnp.add, total, grad(model, *chunk, *totals)), None
+
+            first = jax.tree.map(lambda a: a[0], chunks)
+            shapes = eqx.filter_eval_shape(grad, model, *first, *totals)
+            zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            ((loss, stats), grads), _ = jax.lax.scan(add, zero, chunks)
+        return *apply(optimizer, model, opt_state, grads), loss, stats, None
+
+    return step
+
+
+@eqx.filter_jit
+def _score_windows(model, x, targets, weights, budget):
+    """Summed bits and scored bytes of a batch of windows, and each window's solve."""
+    p = jax.vmap(lambda xi: predict(model, xi, budget))(x)
+    nats = optax.softmax_cross_entropy_with_integer_labels(p.logits, targets)
+    bits = jnp.sum(nats * weights) / math.log(2)
+    return bits, jnp.sum(weights), p.steps, p.residual, p.converged
+
+
+def bits_per_byte(model, windows: text.Windows, budget=None, tick=None) -> dict[str, Any]:
+    """Bits per byte of `windows` (in batches of `EVAL_BATCH`, the last padded) and the mean
+    statistics of the solves; `tick()` after each batch (a progress bar)."""
+    n = len(windows.inputs)
+    pad = -n % EVAL_BATCH
+    arrays = [np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]) for a in windows]
+    bits = scored = 0.0
+    stats: list[list[np.ndarray]] = [[], [], []]
+    for i in range(0, n + pad, EVAL_BATCH):
+        chunk = [jnp.asarray(a[i : i + EVAL_BATCH]) for a in arrays]
+        b, s, *solves = _score_windows(model, *chunk, budget)
+        bits, scored = bits + float(b), scored + float(s)
+        for kept, a in zip(stats, solves):
+            kept.append(np.asarray(a)[: min(EVAL_BATCH, n - i)])
+        if tick is not None:
+            tick()
+    steps, residual, converged = (float(np.concatenate(a).mean()) for a in stats)
+    return dict(
+        bits_per_byte=bits / scored,
+        scored_bytes=int(scored),
+        mean_solver_steps=steps,
+        mean_relative_residual=residual,
+        converged=converged,
+    )
+
+
+def _batches(windows: text.Windows) -> int:
+    return -(-len(windows.inputs) // EVAL_BATCH)
+
+
+def _spread(windows: text.Windows, count: int) -> text.Windows:
+    """`count` windows spread evenly over `windows` (all of them if fewer)."""
+    idx = np.unique(np.linspace(0, len(windows.inputs) - 1, count).astype(int))
+    return text.Windows(*(a[idx] for a in windows))
+
+
+def corpus_of(header: dict[str, Any]) -> text.Corpus:
+    """The corpus a text checkpoint was trained on (its `--text` paths, else the default), checked
+    against the SHA-256 its run recorded when the header has it."""
+    saved = header.get("train_config") or header.get("resume", {}).get("train_config", {})
+    try:
+        corpus = text.load_corpus(saved.get("text"))
+    except (ValueError, FileNotFoundError) as error:
+        raise RunError(f"cannot load the checkpoint's corpus: {error}") from None
+    expected = header.get("corpus_sha256")
+    if expected is not None and expected != corpus.info["sha256"]:
+        raise RunError(
+            "the corpus has changed since this checkpoint was trained (its SHA-256 differs): "
+            "its bits per byte would not be comparable"
+        )
+    return corpus
+
+
+class TextTask(AbstractTask):
+    """Each epoch is `epoch_steps` optimizer steps on random windows of the training documents;
+    after it, bits per byte on `VALIDATION_WINDOWS` validation windows; the metrics' test bits
+    per byte score the whole test split when the run is done (not when Ctrl-C stops it, which
+    must end promptly: `eqattn evaluate` scores any checkpoint)."""
+
+    name = "text"
+    description = "a causal byte-level language model on a corpus of files"
+    options = frozenset(("context", "text", "epoch_steps"))
+    defaults = _DEFAULTS
+    deq_defaults = _DEQ_DEFAULTS
+    score = "train_bits_per_byte"
+    bar_name = "bpb"
+    headline = Headline("validation_bits_per_byte", "val", ".3f", ".3f", higher_is_better=False)
+    language_model = True
+
+    def __init__(self, model_config: ModelConfig, config):
+        if config.warm_start:
+            raise ConfigError("--warm-start is for the digits (text windows are drawn afresh)")
+        if config.corrections:
+            raise ConfigError("--corrections is for the digits (not yet for --task text)")
+        if jax.process_count() > 1:
+            raise ConfigError("--task text runs in one process")
+        try:
+            self.corpus = text.load_corpus(config.text)
+        except (ValueError, FileNotFoundError) as error:
+            raise ConfigError(str(error)) from None
+        if max(len(d) for d in self.corpus.train) < 2:
+            raise ConfigError("the corpus's training documents are all shorter than 2 bytes")
+        self.model_config, self.config = model_config, config
+        self.batch = config.batch_size
+        self.steps_per_epoch = config.epoch_steps
+        self.examples = self.corpus.info["bytes"]["train"]
+        context = model_config.context
+        windows = text.evaluation_windows(self.corpus.validation, context)
+        self.validation = _spread(windows, VALIDATION_WINDOWS)
+        self.test_windows = text.evaluation_windows(self.corpus.test, context)
+
+    @classmethod
+    def build_model(cls, config, key, *, width=None, mlp_ratio=2.0, dtype=None):
+        io = dict(
+            vocab_size=text.BYTES + 1,
+            max_len=config.context,
+            pooling="none",
+            causal=True,
+            dtype=dtype,
+        )
+        if config.model == "deq":
+            return nn.DEQTransformer(
+                text.BYTES, config.dim, config.heads, key=key, **deq_options(config), **io
+            )
+        if width is None:
+            width, mlp_ratio = explicit_shape(cls.build_model, config)
+        return nn.Transformer(
+            text.BYTES,
+            width,
+            config.heads,
+            config.depth,
+            key=key,
+            dropout=config.dropout,
+            mlp_ratio=mlp_ratio,
+            **io,
+        )
+
+    def example_batch(self):
+        w = text.training_batch(
+            self.corpus.train, np.random.default_rng(0), self.batch, self.model_config.context
+        )
+        return jnp.asarray(w.inputs), (w.targets, w.weights)
+
+    def batches(self, rng, place):
+        for _ in range(self.steps_per_epoch):
+            w = text.training_batch(self.corpus.train, rng, self.batch, self.model_config.context)
+            yield (w.inputs, (w.targets, w.weights)), None
+
+    @classmethod
+    def train_step(cls, model_config, config, optimizer):
+        return make_text_train_step(model_config, config, optimizer)
+
+    def test_metrics(self, model, final):
+        validation = bits_per_byte(model, self.validation)
+        out = dict(validation_bits_per_byte=validation["bits_per_byte"])
+        if final:
+            test = bits_per_byte(model, self.test_windows)
+            out.update(
+                test_bits_per_byte=test["bits_per_byte"],
+                test_scored_bytes=test["scored_bytes"],
+                test_mean_solver_steps=test["mean_solver_steps"],
+                test_mean_relative_residual=test["mean_relative_residual"],
+                test_converged=test["converged"],
+            )
+        return out
+
+    def header(self):
+        return {"corpus_sha256": self.corpus.info["sha256"]}
+
+    def record(self, *, steps, train_time):
+        info = dict(self.corpus.info)
+        if info["source"] != "--text":
+            info["python"] = platform.python_version()
+        m = self.model_config
+        shape: dict[str, Any] = {
+            "dim": m.dim,
+            "cell_depth": m.cell_depth,
+            "stem_depth": m.stem_depth,
+            "attend_input": m.attend_input,
+        }
+        if m.model == "explicit":  # its width matches the DEQ's parameters
+            width, mlp_ratio = explicit_shape(self.build_model, m)
+            shape = {"depth": m.depth, "width": width, "mlp_ratio": mlp_ratio}
+        tokens = steps * self.batch * m.context
+        return dict(
+            model_shape=shape,
+            corpus=info,
+            evaluation=protocol(m.context),
+            train_tokens_per_s=tokens / train_time if train_time else None,
+            windows_per_gradient_chunk=windows_per_chunk(self.batch, m.context),
+            validation_windows=len(self.validation.inputs),
+        )
+
+    @classmethod
+    def evaluate(cls, model, config, header, budgets, progress):
+        corpus = corpus_of(header)
+        windows = text.evaluation_windows(corpus.test, config.context)
+        deq = config.model == "deq"
+        total = _batches(windows) * (1 + deq * len(budgets))
+        with progress_bar(total, "evaluate", progress) as bar:
+            trained = bits_per_byte(model, windows, jnp.asarray(config.max_steps), bar.update)
+            result: dict[str, Any] = {
+                "model": config.model,
+                "test_bits_per_byte": trained["bits_per_byte"],
+                "test_scored_bytes": trained["scored_bytes"],
+                "corpus": corpus.info,
+                "evaluation": protocol(config.context),
+                "trained_epochs": header.get("epoch"),
+            }
+            if not deq:
+                return result
+            result["solver_steps"] = {
+                "max_steps": config.max_steps,
+                "mean": trained["mean_solver_steps"],
+                "converged": trained["converged"],
+                "mean_relative_residual": trained["mean_relative_residual"],
+            }
+
+            def row(budget):
+                return bits_per_byte(model, windows, jnp.asarray(budget), bar.update)
+
+            result["budget_sweep"], result["sweep_converged_at"] = budget_sweep(budgets, row)
+        return result
+
+    @classmethod
+    def summary(cls, metrics):
+        documents = metrics["corpus"]["documents"]["test"]
+        return (
+            f"{metrics['model_config']['model']}: test {metrics['test_bits_per_byte']:.3f} bits "
+            f"per byte ({metrics['test_scored_bytes']:,} bytes of {documents} "
+            f"document{'s' * (documents != 1)}) | {run_line(metrics)}"
+        )
+
+    @classmethod
+    def evaluation_report(cls, r):
+        lines = [
+            f"test {r['test_bits_per_byte']:.4f} bits per byte ({r['test_scored_bytes']:,} "
+            f"bytes, {r['model']} model; windows of {r['evaluation']['context']}, stride "
+            f"{r['evaluation']['stride']})"
+        ]
+        if "solver_steps" not in r:
+            return lines
+        s = r["solver_steps"]
+        lines.append(
+            f"solver steps per window: mean {s['mean']:.1f} (limit {s['max_steps']}); "
+            f"{s['converged']:.1%} converged"
+        )
+        lines.append("max steps  bits/byte  mean steps  converged  rel. residual")
+        for row in r["budget_sweep"]:
+            lines.append(
+                f"{row['max_steps']:>9}  {row['bits_per_byte']:>9.4f}  "
+                f"{row['mean_solver_steps']:>10.1f}  {row['converged']:>9.1%}  "
+                f"{row['mean_relative_residual']:>13.1e}"
+            )
+        return lines + sweep_note(r)
