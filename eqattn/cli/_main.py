@@ -240,7 +240,9 @@ def _cmd_info(a) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0 ok, 1 failure, 2 bad usage, 130 interrupted).
     Errors are one line on stderr; `--debug` or `EQATTN_DEBUG=1` raises them with a traceback."""
-    args = parser().parse_args(argv)
+    args, unknown = parser().parse_known_args(argv)
+    if unknown:  # named by the subcommand's parser, which points at its own --help
+        args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     debug = args.debug or os.environ.get("EQATTN_DEBUG", "") not in ("", "0")
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C must reach the training loop (which saves a checkpoint) even when this process

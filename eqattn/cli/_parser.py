@@ -97,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
         sub.add_parser("retrieve", help="Hopfield retrieval of digits from corrupted queries")
     )
     sub.add_parser("info", help="versions, devices and solver backends")
+    p.set_defaults(subcommands=sub.choices)
     for command in sub.choices.values():  # --help shows every default given to argparse
         for action in command._actions:
             if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):

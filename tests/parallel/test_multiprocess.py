@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FAST_COMPILE
+from ..conftest import FAST_COMPILE
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 PROCESSES = 2
 TIMEOUT_S = 150
 
@@ -74,7 +74,14 @@ def test_two_processes_match_one(tmp_path):
     args = ["--epochs", "2", "--train-size", "128", "--batch-size", "32", "--no-progress"]
     results = _run_processes(
         lambda address, i: [
-            *(sys.executable, "-m", "tests.multiprocess_worker", address, str(i), str(PROCESSES)),
+            *(
+                sys.executable,
+                "-m",
+                "tests.parallel.multiprocess_worker",
+                address,
+                str(i),
+                str(PROCESSES),
+            ),
             *("--", *args, "--out", str(tmp_path / "two")),
         ],
         ROOT,

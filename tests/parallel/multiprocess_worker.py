@@ -1,5 +1,5 @@
 """One process of `test_multiprocess.py`:
-`python -m tests.multiprocess_worker ADDRESS ID N -- EQATTN_TRAIN_ARGS...`.
+`python -m tests.parallel.multiprocess_worker ADDRESS ID N -- EQATTN_TRAIN_ARGS...`.
 
 First `eqattn train EQATTN_TRAIN_ARGS --coordinator ADDRESS --num-processes N --process-id ID`
 through the command's own entry point, which joins the processes (`jax.distributed.initialize`,

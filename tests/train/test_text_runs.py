@@ -27,7 +27,7 @@ from eqattn.train import (
 from eqattn.train._checkpoint import read_header
 
 pytestmark = pytest.mark.float32
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 CONTEXT = 16
 TINY = [
     "--task",
@@ -202,7 +202,7 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(
 ):
     """Every parameter counted (embeddings, positions and read-out included), from the leaves
     of the models as built (their shapes: nothing is initialised)."""
-    from .reference import built_model as built, parameter_count as count
+    from ..reference import built_model as built, parameter_count as count
 
     config = ModelConfig(
         task="text", dim=dim, heads=heads, context=context, depth=depth, stem_depth=stem

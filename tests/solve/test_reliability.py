@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import eqattn
 from eqattn._solve._loop import iterate
 
-from . import reference
+from .. import reference
 
 IMPLEMENTATIONS = ["xla", "chunked", "pallas"]  # pallas runs in interpret mode on the CPU
 

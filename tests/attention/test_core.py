@@ -8,7 +8,7 @@ from jax.test_util import check_grads
 
 import eqattn
 
-from . import reference
+from .. import reference
 
 SHAPES = [
     # (q shape, k shape, v shape, beta shape, mask shape)

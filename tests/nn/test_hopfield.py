@@ -287,7 +287,7 @@ def test_update_steps_mode_matches_hopfield_layers(dtype):
     # with copied weights (tests/fixtures/make_hflayers_update_steps.py), float64; the layer in
     # float64 and, as users run it, float32.
     fixture = json.loads(
-        (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
+        (Path(__file__).parent.parent / "fixtures/hflayers_update_steps.json").read_text()
     )
     w = {name: jnp.asarray(v, dtype) for name, v in fixture["weights"].items()}
     state, stored = (np.asarray(fixture[k], dtype) for k in ("state", "stored"))
@@ -331,7 +331,7 @@ def test_options_match_hopfield_layers(option):
     # biases; tests/fixtures/make_hflayers_update_steps.py), and padding of the stored patterns
     # still equal to cutting them.
     fixture = json.loads(
-        (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
+        (Path(__file__).parent.parent / "fixtures/hflayers_update_steps.json").read_text()
     )
     entry = fixture["options"][option]
     w = {name: jnp.asarray(v) for name, v in entry["weights"].items()}
@@ -451,7 +451,7 @@ def test_static_patterns_match_hopfield_layers(option):
     # hopfield-layers' state/stored_pattern_as_static and pattern_projection_as_static: the raw
     # patterns in every head (2 update steps, copied weights of the projections it uses).
     fixture = json.loads(
-        (Path(__file__).parent / "fixtures/hflayers_update_steps.json").read_text()
+        (Path(__file__).parent.parent / "fixtures/hflayers_update_steps.json").read_text()
     )
     entry = fixture["options"][option]
     state, stored = np.asarray(entry["state"]), np.asarray(entry["stored"])

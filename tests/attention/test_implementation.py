@@ -9,7 +9,7 @@ import pytest
 import eqattn
 from eqattn._attention import _cudnn, _plan
 
-from . import reference
+from .. import reference
 
 S = jax.ShapeDtypeStruct
 BF16, F16, F32 = jnp.bfloat16, jnp.float16, jnp.float32

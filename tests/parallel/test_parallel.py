@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 import eqattn
 import eqattn.parallel as par
 
-from . import reference
+from .. import reference
 
 F32 = np.float32
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")

@@ -11,7 +11,7 @@ import eqattn
 import eqattn.nn as enn
 from eqattn import _attention as engine
 
-from . import reference
+from .. import reference
 
 LEAF = eqattn.Tiling(causal_leaf=8)  # several levels of halving at test sizes
 IMPLEMENTATIONS = [  # "auto" is "xla" on a CPU; the operators' test runs it

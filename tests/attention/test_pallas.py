@@ -19,7 +19,7 @@ from jax.test_util import check_grads
 import eqattn
 from eqattn._attention._pallas import _attention as kernel, _mosaic, _triton
 
-from . import reference
+from .. import reference
 
 PALLAS = {"implementation": "pallas"}
 # Blocks of 16: the loops over key and query blocks, and the padding of ragged sizes, all run at

@@ -23,7 +23,7 @@ from eqattn.train._models import adjoint_of  # noqa: E402
 
 # The command runs in JAX's default float32 for its users (the suite's default is float64).
 pytestmark = pytest.mark.float32
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 TINY = ["--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress"]
 
 
@@ -100,7 +100,7 @@ def test_explicit_baseline_matches_parameters(trained, capsys, tmp_path):
 def test_explicit_digits_model_has_the_deqs_parameters_within_5_percent(dim, heads):
     """Counted from the leaves of the models as built (their shapes: nothing is initialised).
     At every one of these settings the width alone (MLP ratio 2) missed by 10% to 20%."""
-    from .reference import built_model, parameter_count
+    from ..reference import built_model, parameter_count
 
     count = lambda config: parameter_count(built_model(config))  # noqa: E731
     deq = count(ModelConfig(dim=dim, heads=heads))

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FAST_COMPILE
+from ..conftest import FAST_COMPILE
 
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
 from eqattn.cli import main  # noqa: E402
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 TINY = [
     "--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress",
     "--max-steps", "6", "--epochs", "3",
