@@ -19,7 +19,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from ._attention import attention, log_normalizer
 
 
-def _check(state, patterns, mask):
+def _check(state, patterns, mask) -> tuple[Array, Array, Array | None]:
     state, patterns = jnp.asarray(state), jnp.asarray(patterns)
     if state.ndim < 1 or patterns.ndim < 2 or state.shape[-1] != patterns.shape[-1]:
         raise ValueError(

@@ -26,7 +26,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from ._attention import attention_with_lse
 
 
-def _as_queries(eta: Array, d: int, name: str = "eta") -> Array:
+def _as_queries(eta: ArrayLike, d: int, name: str = "eta") -> Array:
     eta = jnp.asarray(eta)
     if eta.ndim < 1 or eta.shape[-1] != d:
         raise ValueError(f"`{name}` must have shape [..., {d}]; got shape {eta.shape}.")

@@ -107,6 +107,7 @@ def test_empirical_carrier_tends_to_the_gaussian(getkey):
     assert errors[-1] < errors[0] / 8
 
 
+@pytest.mark.bad_input
 def test_bad_shapes(rng):
     with pytest.raises(ValueError, match=r"`points` must have shape \[m, d\]"):
         eqattn.Discrete(np.ones(3))

@@ -22,7 +22,7 @@ def attention(problem: Problem, causal: bool = False) -> jax.Array:
         scale = float(problem.scale)
     else:
         q, scale = (q.astype(jnp.float32) * beta[:, None, None, None]).astype(q.dtype), 1.0
-    out = jax.nn.dot_product_attention(
+    out = jax.nn.dot_product_attention(  # type: ignore[call-overload]  # (jax's overloads name no str)
         q,
         k,
         v,

@@ -49,7 +49,7 @@ def attention_with_lse(
     values: Float[ArrayLike, "*#batch m dv"] | None = None,
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
-    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    mask: Bool[ArrayLike, "*#mask"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
@@ -73,9 +73,7 @@ def attention_with_lse(
 
     **Arguments:**
 
-    - `queries`: `[..., n, d]`.
-    - `keys`: `[..., m, d]`.
-    - `values`: `[..., m, dv]`; defaults to `keys`.
+    - `queries` `[..., n, d]`, `keys` `[..., m, d]`, `values` `[..., m, dv]` (default: `keys`).
     - `beta`: inverse temperature $\beta > 0$: a number or an array that broadcasts to the batch
       axes `[...]` (e.g. shape `[heads]` for inputs `[..., heads, n, d]`). Differentiable. A
       value that is not finite and > 0 raises a `ValueError`; a traced one (under `jit`) makes
@@ -120,7 +118,11 @@ def attention_with_lse(
     ```
     """
     options = dict(beta=beta, mask=mask, chunk_size=chunk_size, implementation=implementation)
-    return _dispatch(queries, keys, values, **options, tiling=tiling, need_lse=True, causal=causal)
+    out, lse = _dispatch(
+        queries, keys, values, **options, tiling=tiling, need_lse=True, causal=causal
+    )
+    assert lse is not None  # cuDNN, which gives none, is not planned when one is needed
+    return out, lse
 
 
 def log_normalizer(
@@ -128,7 +130,7 @@ def log_normalizer(
     keys: Float[ArrayLike, "*#batch m d"],
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
-    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    mask: Bool[ArrayLike, "*#mask"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
@@ -175,7 +177,7 @@ def attention(
     values: Float[ArrayLike, "*#batch m dv"] | None = None,
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
-    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    mask: Bool[ArrayLike, "*#mask"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
     implementation: Implementation = "auto",
@@ -221,7 +223,7 @@ def attention_weights(
     keys: Float[ArrayLike, "*#batch m d"],
     *,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
-    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    mask: Bool[ArrayLike, "*#mask"] | None = None,
     causal: bool = False,
     implementation: Implementation = "auto",
     tiling: Tiling | None = None,

@@ -181,7 +181,9 @@ def pallas_unsupported(queries, keys, values, backend: str) -> str | None:
     return None
 
 
-def _auto(queries, keys, values, mask, need_lse, chunk_size, tiling, causal, backend) -> str:
+def _auto(
+    queries, keys, values, mask, need_lse, chunk_size, tiling, causal, backend
+) -> Literal["xla", "chunked", "cudnn"]:
     """The rule for `"auto"` (stated in `select_implementation`'s docstring)."""
     if not need_lse and mask is None:
         if cudnn_unsupported(queries, keys, values, backend, causal) is None:

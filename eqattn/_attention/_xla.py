@@ -15,6 +15,7 @@ import functools as ft
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jaxtyping import Array, Bool, Float
 
 
 def compute_dtype(*dtypes) -> jnp.dtype:
@@ -263,7 +264,14 @@ def _backward_chunked(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, chun
     return dq, unblock(dk), unblock(dv), dbeta
 
 
-def forward(q, k, v, beta, mask, path):
+def forward(
+    q: Float[Array, "B n d"],
+    k: Float[Array, "B m d"],
+    v: Float[Array, "B m dv"],
+    beta: Float[Array, " B"],
+    mask: Bool[Array, "#B #n m"] | None,
+    path,
+) -> tuple[Float[Array, "B n dv"], Float[Array, "B n"]]:
     """`(out, lse)` in the compute dtype (at least float32) of flattened inputs, along `path`."""
     dtype = compute_dtype(q.dtype, k.dtype, v.dtype)
     beta = beta.astype(dtype)
@@ -280,7 +288,21 @@ def forward(q, k, v, beta, mask, path):
     return lax.platform_dependent(q, k, v, beta, mask, cpu=cpu, default=default)
 
 
-def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, path, dtype):
+def backward(
+    q: Float[Array, "B n d"],
+    k: Float[Array, "B m d"],
+    v: Float[Array, "B m dv"],
+    beta: Float[Array, " B"],
+    mask: Bool[Array, "#B #n m"] | None,
+    lse: Float[Array, "B n"],
+    delta: Float[Array, "B n"],
+    g_out: Float[Array, "B n dv"],
+    g_lse: Float[Array, "B n"],
+    path,
+    dtype,
+) -> tuple[
+    Float[Array, "B n d"], Float[Array, "B m d"], Float[Array, "B m dv"], Float[Array, " B"]
+]:
     r"""`(dq, dk, dv, dbeta)` in `dtype` of one set of keys, with the weights recomputed from the
     `lse` over all keys (which may be more than these: then these are this set's shares) and
     $\delta = \sum g_o \odot o$; the path (one shot, query tiles, key chunks) as `forward`."""

@@ -27,7 +27,7 @@ import optimistix as optx
 from jax import lax
 from jaxtyping import Array, Int
 
-from ._equilibrium import RESULTS, Equilibrium
+from ._equilibrium import RESULTS, Equilibrium, choose, status
 from ._loop import _norm, equilibrium, iterate
 from ._solvers import AbstractFixedPointSolver
 
@@ -58,7 +58,7 @@ def _summary(g, x, steps, ok, result, tol=None) -> Equilibrium:
     residual = jnp.where(finite, _norm(gx - x), jnp.inf)
     scale = _norm(gx)
     ok = (ok if tol is None else residual <= tol) & finite
-    result = RESULTS.where(ok, RESULTS.successful, RESULTS.where(finite, result, RESULTS.nonfinite))
+    result = status(ok, choose(finite, result, RESULTS.nonfinite))
     return Equilibrium(
         value=jnp.where(finite, x, jnp.nan),
         steps=jnp.asarray(steps, jnp.int32),
@@ -191,7 +191,7 @@ class SolverBackend:
     def accepts(self, solver) -> bool:
         raise NotImplementedError
 
-    def budget(self, solver, max_steps):
+    def budget(self, solver, max_steps) -> Any:
         # A Python int (or None: the solver's own limit): other libraries fix their step limit
         # when the program is compiled.
         return max_steps
@@ -209,7 +209,7 @@ class _Eqattn(SolverBackend):
     def accepts(self, solver) -> bool:
         return isinstance(solver, AbstractFixedPointSolver)
 
-    def budget(self, solver, max_steps):
+    def budget(self, solver, max_steps) -> Any:
         # An int32 array: a call's budget may change without recompiling.
         budget = solver.max_steps if max_steps is None else jnp.minimum(max_steps, solver.max_steps)
         return jnp.asarray(budget, jnp.int32)
@@ -244,7 +244,7 @@ class _Optimistix(SolverBackend):
 
     def solve(self, solver, g, x0, budget) -> Equilibrium:
         steps = _static_steps(budget, None, type(solver).__name__)
-        sol = optx.fixed_point(
+        sol: optx.Solution = optx.fixed_point(
             lambda y, _: g(y),
             solver,
             x0,
@@ -254,7 +254,7 @@ class _Optimistix(SolverBackend):
         )
         ok = sol.result == optx.RESULTS.successful
         reached = sol.result == optx.RESULTS.nonlinear_max_steps_reached
-        result = RESULTS.where(reached, RESULTS.max_steps_reached, RESULTS.failed)
+        result = choose(reached, RESULTS.max_steps_reached, RESULTS.failed)
         return _summary(g, sol.value, sol.stats["num_steps"], ok, result)
 
     def tolerances(self, solver, budget):
@@ -263,6 +263,16 @@ class _Optimistix(SolverBackend):
 
 
 SOLVER_BACKENDS: tuple[SolverBackend, ...] = (_Eqattn(), _Jaxopt(), _Optimistix())
+
+
+Solver = (
+    AbstractFixedPointSolver
+    | JaxoptSolver
+    | optx.AbstractFixedPointSolver
+    | optx.AbstractRootFinder
+)
+"""What `fixed_point` and the layers take as a solver: eqattn's, jaxopt's (wrapped) or
+Optimistix's."""
 
 
 def solver_backend(solver) -> SolverBackend:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import equinox as eqx
 from jaxtyping import Array, Bool, Float, Int, PyTree
@@ -37,6 +38,17 @@ class RESULTS(eqx.Enumeration):
         "eqattn.fixed_point did not converge: the solver reported a failure other than running "
         "out of steps (e.g. divergence)."
     )
+
+
+def choose(pred, a: Any, b: Any) -> RESULTS:
+    """`a` where `pred`, else `b` (per example under `vmap`). Equinox types an Enumeration's
+    items as their messages' `str`; this is where they are taken as what they are."""
+    return RESULTS.where(pred, a, b)
+
+
+def status(ok, otherwise: Any) -> RESULTS:
+    """`successful` where `ok`, else `otherwise`."""
+    return choose(ok, RESULTS.successful, otherwise)
 
 
 class Equilibrium(eqx.Module):
@@ -77,19 +89,19 @@ class Equilibrium(eqx.Module):
     """
 
     value: PyTree[Array]
-    steps: Int[Array, ""]
-    residual: Float[Array, ""]
-    relative_residual: Float[Array, ""]
+    steps: Int[Array, "*batch"]
+    residual: Float[Array, "*batch"]
+    relative_residual: Float[Array, "*batch"]
     result: RESULTS
     stats: dict[str, Array] = eqx.field(default_factory=dict)
 
     @property
-    def converged(self) -> Bool[Array, ""]:
+    def converged(self) -> Bool[Array, "*batch"]:
         """Whether the solver's test passed at the returned iterate: `result == successful`."""
         return self.result == RESULTS.successful
 
     @property
-    def energy_rose(self) -> Bool[Array, ""] | None:
+    def energy_rose(self) -> Bool[Array, "*batch"] | None:
         """Deprecated: `stats["energy_rose"]` (None where the solve has no energy)."""
         warnings.warn(
             "`Equilibrium.energy_rose` is now `Equilibrium.stats['energy_rose']`; the old name "

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from ._equilibrium import RESULTS, Equilibrium
+from ._equilibrium import RESULTS, Equilibrium, choose, status
 from ._solvers import AbstractFixedPointSolver
 
 
@@ -100,11 +100,7 @@ def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
     """The public summary of a finished loop (`value` is the flat best iterate)."""
     ok = converged(solver, it.best_residual, it.best_scale) & jnp.isfinite(it.best_residual)
     scale = jnp.where(it.best_scale > 0, it.best_scale, 1)
-    result = RESULTS.where(
-        ok,
-        RESULTS.successful,
-        RESULTS.where(it.nonfinite, RESULTS.nonfinite, RESULTS.max_steps_reached),
-    )
+    result = status(ok, choose(it.nonfinite, RESULTS.nonfinite, RESULTS.max_steps_reached))
     # No finite evaluation of f at all (e.g. NaN in the input): the answer is NaN, not z0.
     value = jnp.where(jnp.isfinite(it.best_residual), it.best_x, jnp.nan)
     return Equilibrium(

@@ -57,7 +57,7 @@ def matmul_epsilon(dtype=None) -> float:
         return float(jnp.finfo(jnp.float64).eps)
     if dtype != jnp.float32:
         return float(jnp.finfo(dtype).eps)
-    setting = jax.config.jax_default_matmul_precision
+    setting = getattr(jax.config, "jax_default_matmul_precision")  # (untyped in jax.config)
     if setting is None:
         kind = None
     elif str(setting).lower() in _BY_SETTING:

@@ -3,9 +3,11 @@ with residuals and renormalization, and their dropout."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import equinox as eqx
 import jax
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from ._multihead import KeyValues, MultiHeadAttention
 from ._norm import apply_norm
@@ -34,6 +36,10 @@ class AbstractBlock(eqx.Module):
     leaves, and the blocks keep the leaf order their checkpoints were written in."""
 
     attention: eqx.AbstractVar[MultiHeadAttention]
+    if TYPE_CHECKING:  # fields of the subclasses (see above), for the type checker alone
+        mlp_in: eqx.nn.Linear
+        mlp_out: eqx.nn.Linear
+        inference: bool
     norm: eqx.AbstractVar[str]
     norm_first: eqx.AbstractVar[bool]
     dropout: eqx.AbstractVar[float]
@@ -42,7 +48,7 @@ class AbstractBlock(eqx.Module):
         self,
         z: Float[Array, "n dim"],
         injection: Float[Array, "n dim"] | None = None,
-        mask: Bool[Array, "n n"] | None = None,
+        mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         drop: DropoutMasks | None = None,
         prefix: KeyValues | None = None,
         *,

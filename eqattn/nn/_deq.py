@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import takes_max_steps
@@ -151,7 +151,7 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     def prefill(self, tokens, length=None, *, budget=None):
         """The stem's blocks, then all rows of the implicit block solved jointly."""
         h, _ = self.embedding(tokens)
-        kvs = []
+        kvs: list[KeyValues] = []
         h = run_cached(self.stem, h, kvs)
         eq = self.block.equilibrium(h, inference=True, budget=budget)
         kvs += self.block.cache(h, eq.value)
@@ -163,7 +163,8 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     def extend(self, token, cache: GenerationCache, *, warm_start=True, budget=None):
         """The stem's blocks against their cache, then the new token's row of the implicit
         block solved against the cached fixed points."""
-        mask, kvs, s = seen(cache), [], len(self.stem)
+        mask, s = seen(cache), len(self.stem)
+        kvs: list[KeyValues] = []
         h = run_cached(self.stem, self._next(token, cache), kvs, mask, *_first(cache, s))
         prefix = tuple(KeyValues(k, v) for k, v in zip(cache.keys[s:], cache.values[s:]))
         z0 = cache.state[None] if warm_start else None
@@ -179,10 +180,10 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         self,
         x: Int[Array, " n"] | Float[Array, "n f"],
         *,
-        padding_mask: Bool[Array, " n"] | None = None,
+        padding_mask: Bool[ArrayLike, " n"] | None = None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
-        budget: int | None = None,
+        budget: int | Int[ArrayLike, ""] | None = None,
         z0: Float[Array, "tokens dim"] | None = None,
     ) -> tuple[Array, Equilibrium]:
         """Logits and the block's `Equilibrium`. `z0` warm-starts the solve (e.g. this example's
@@ -194,7 +195,7 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         x: Int[Array, " n"] | Float[Array, "n f"],
         segments: Sequence[int],
         *,
-        padding_mask: Bool[Array, " n"] | None = None,
+        padding_mask: Bool[ArrayLike, " n"] | None = None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
         z0: Float[Array, "tokens dim"] | None = None,
@@ -226,7 +227,7 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         z: Float[Array, "tokens dim"],
         *,
         probe_key: PRNGKeyArray,
-        padding_mask: Bool[Array, " n"] | None = None,
+        padding_mask: Bool[ArrayLike, " n"] | None = None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
         samples: int = 1,

@@ -24,16 +24,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._attention import Implementation
 from .._solve import (
     AbstractAdjoint,
-    AbstractFixedPointSolver,
     Anderson,
     Phantom,
     jacobian_frobenius,
 )
+from .._solve._backends import Solver
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import takes_max_steps
 from ..parallel import SequenceSplit
@@ -108,7 +108,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         norm_first: bool = False,
         norm: Norm = "layer",
         dropout: float = 0.0,
-        solver: AbstractFixedPointSolver | None = None,
+        solver: Solver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
         inference: bool = False,
@@ -194,7 +194,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         x: Float[Array, "n dim"],
         z: Float[Array, "n dim"],
         *,
-        mask: Bool[Array, "n m"] | None = None,
+        mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         prefix: KeyValues | tuple[KeyValues, ...] | None = None,
     ) -> tuple[KeyValues, ...]:
         """The keys and values, one `KeyValues` per block of the cell, that later tokens attend
@@ -233,11 +233,11 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         self,
         x: Float[Array, "n dim"],
         *,
-        mask: Bool[Array, "n n"] | None = None,
+        mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
         z0: Float[Array, "n dim"] | None = None,
-        budget: int | None = None,
+        budget: int | Int[ArrayLike, ""] | None = None,
         prefix: KeyValues | tuple[KeyValues, ...] | None = None,
     ) -> Equilibrium:
         """Solve for $z^*$. Dropout (when `dropout > 0`, `key` given and not `inference`) draws
@@ -258,7 +258,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         x: Float[Array, "n dim"],
         segments: Sequence[int],
         *,
-        mask: Bool[Array, "n n"] | None = None,
+        mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
         z0: Float[Array, "n dim"] | None = None,
@@ -306,7 +306,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         z: Float[Array, "n dim"],
         *,
         probe_key: PRNGKeyArray,
-        mask: Bool[Array, "n n"] | None = None,
+        mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
         samples: int = 1,

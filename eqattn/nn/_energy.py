@@ -24,7 +24,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._attention import log_normalizer
 from .._renorm import renormalize
-from .._solve import AbstractAdjoint, AbstractFixedPointSolver, Picard
+from .._solve import AbstractAdjoint, Picard
+from .._solve._backends import Solver
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import takes_max_steps
 from ._checks import check_dims, check_mask, check_tokens
@@ -75,7 +76,7 @@ class EnergyAttention(AbstractEquilibriumLayer):
         step_size: float = 0.5,
         norm_eps: float = 1.0,
         injection: float = 1.0,
-        solver: AbstractFixedPointSolver | None = None,
+        solver: Solver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
         dtype=None,

@@ -17,7 +17,7 @@ the model's `max_len` tokens.
 
 from __future__ import annotations
 
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from ._cache import GenerationCache, Step
 from ._model import AbstractTransformer
@@ -37,7 +37,7 @@ def prefill(
     tokens: Int[Array, " n"],
     length: int | Int[Array, ""] | None = None,
     *,
-    budget: int | None = None,
+    budget: int | Int[ArrayLike, ""] | None = None,
 ) -> tuple[Float[Array, "n vocab"], GenerationCache, Step]:
     """The logits of every position of `tokens` and the cache of the first `length` of them
     (default all; tokens after `length` are padding, which a causal model's earlier positions
@@ -69,7 +69,7 @@ def extend(
     cache: GenerationCache,
     *,
     warm_start: bool = True,
-    budget: int | None = None,
+    budget: int | Int[ArrayLike, ""] | None = None,
 ) -> tuple[Float[Array, " vocab"], GenerationCache, Step]:
     """The logits after one more token, at position `cache.length`, and the cache with it.
     The implicit model solves only the new token's row against the cache, from the previous

@@ -31,10 +31,10 @@ from .._hopfield import hopfield_energy
 from .._renorm import renormalize
 from .._solve import (
     AbstractAdjoint,
-    AbstractFixedPointSolver,
     Picard,
 )
-from .._solve._equilibrium import RESULTS, Equilibrium
+from .._solve._backends import Solver
+from .._solve._equilibrium import RESULTS, Equilibrium, status
 from .._solve._fixed_point import takes_max_steps
 from ._checks import check_dims, check_dropout, check_mask, check_tokens
 from ._hopfield_options import HopfieldOptions, options_of
@@ -123,7 +123,7 @@ class Hopfield(AbstractEquilibriumLayer):
         injection: float = 0.1,
         dropout: float = 0.0,
         inference: bool = False,
-        solver: AbstractFixedPointSolver | None = None,
+        solver: Solver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
         implementation: Implementation = "auto",
@@ -191,16 +191,15 @@ class Hopfield(AbstractEquilibriumLayer):
         dt = dtype or jnp.result_type(float)
         a = self.attention
         return (
-            0.02 * jax.random.normal(kk, (a.query_proj.out_features,), dt),
-            0.02 * jax.random.normal(kv, (a.value_proj.out_features,), dt),
+            0.02 * jax.random.normal(kk, (a.num_heads * a.qk_size,), dt),
+            0.02 * jax.random.normal(kv, (a.num_heads * a.vo_size,), dt),
         )
 
     def _check_static_widths(self) -> None:
         """Raw patterns used in every head (`static_*`) must be one head wide."""
         a = self.attention
         heads = a.num_heads
-        head = a.query_proj.out_features // heads
-        head_value = a.value_proj.out_features // heads
+        head, head_value = a.qk_size, a.vo_size
         # connected values are the key projection of the value input: `hidden_dim` wide
         value_width = head * heads if self.connected_values else self.stored_dim
         value_need = head_value * (heads if self.connected_values else 1)
@@ -280,7 +279,7 @@ class Hopfield(AbstractEquilibriumLayer):
 
     def _solve(self, q0, k, mask, budget):
         if self.update_steps is not None:
-            return self._update_steps(q0, k, mask)
+            return self._update_steps(q0, k, mask, self.update_steps)
         eq = self.solve(Hopfield.update, q0, q0, k, mask, budget=budget)
         # Every solver's first evaluation is the plain update of the start, and plain updates
         # only descend the energy from there: a returned point above that energy is not where
@@ -295,7 +294,7 @@ class Hopfield(AbstractEquilibriumLayer):
         e = hopfield_energy(xi, k[:, None], beta=self.attention.beta[:, None], mask=mask)
         return jnp.sum(e) + 0.5 * self.injection * jnp.sum((xi - q0) ** 2)
 
-    def _update_steps(self, xi, k, mask) -> Equilibrium:
+    def _update_steps(self, xi, k, mask, count: int) -> Equilibrium:
         """`update_steps` plain updates per head, each head stopping once its association moves
         by at most `update_steps_eps`; differentiated by autodiff through every update.
 
@@ -309,10 +308,10 @@ class Hopfield(AbstractEquilibriumLayer):
             return attention_weights(xi, k, beta=beta, mask=mask)  # [h, n, m]
 
         a = association(xi)
-        active = jnp.full(xi.shape[:1], self.update_steps > 0)
+        active = jnp.full(xi.shape[:1], count > 0)
         settled = jnp.zeros(xi.shape[:1], bool)  # stopped by update_steps_eps
         steps = jnp.zeros((), jnp.int32)
-        for t in range(1, self.update_steps + 1):
+        for t in range(1, count + 1):
             new_xi = jnp.einsum("hnm,hmd->hnd", a, k)
             new_a = association(new_xi)
             xi = jnp.where(active[:, None, None], new_xi, xi)
@@ -320,7 +319,7 @@ class Hopfield(AbstractEquilibriumLayer):
             a = jnp.where(active[:, None, None], new_a, a)
             steps = steps + jnp.any(active)
             settled = settled | (active & (change <= self.update_steps_eps))
-            active = active & (change > self.update_steps_eps) & (t < self.update_steps)
+            active = active & (change > self.update_steps_eps) & (t < count)
         # the plain update's residual at the returned state
         image = lax.stop_gradient(jnp.einsum("hnm,hmd->hnd", a, k))
         residual = jnp.sqrt(jnp.sum((image - lax.stop_gradient(xi)) ** 2))
@@ -331,7 +330,7 @@ class Hopfield(AbstractEquilibriumLayer):
             steps=steps,
             residual=residual,
             relative_residual=residual / scale,
-            result=RESULTS.where(converged, RESULTS.successful, RESULTS.max_steps_reached),
+            result=status(converged, RESULTS.max_steps_reached),
         )
 
     @takes_max_steps

@@ -15,10 +15,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._attention import Implementation
-from .._solve import AbstractAdjoint, AbstractFixedPointSolver, Anderson
+from .._solve import AbstractAdjoint, Anderson
+from .._solve._backends import Solver
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import takes_max_steps
 from ..parallel import SequenceSplit
@@ -80,7 +81,7 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         num_heads: int,
         *,
         key: PRNGKeyArray,
-        solver: AbstractFixedPointSolver | None = None,
+        solver: Solver | None = None,
         adjoint: AbstractAdjoint | None = None,
         norm: Norm = "layer",
         beta: float | None = None,
@@ -123,9 +124,9 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         self,
         x: Float[Array, "n dim"],
         *,
-        mask: Bool[Array, "n n"] | None = None,
+        mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         z0: Float[Array, "n dim"] | None = None,
-        budget: int | None = None,
+        budget: int | Int[ArrayLike, ""] | None = None,
     ) -> Equilibrium:
         """Solve for $z^*$; returns the [`eqattn.Equilibrium`][] (value and solver statistics).
         `z0` warm-starts the solve; `budget` caps it for this call."""

@@ -9,7 +9,7 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray, UInt32
 
 from ._tokens import per_token
 
@@ -43,7 +43,7 @@ class TokenEmbedding(eqx.Module):
         self,
         dim: int,
         *,
-        key: PRNGKeyArray,
+        key: PRNGKeyArray | Key[Array, " 3"] | UInt32[Array, "3 2"],
         vocab_size: int | None = None,
         in_features: int | None = None,
         max_len: int = 512,
@@ -55,7 +55,7 @@ class TokenEmbedding(eqx.Module):
         typed = jax.dtypes.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key)
         keys = jnp.shape(key) if typed else jnp.shape(key)[:-1]  # raw keys end in 2 words
         ke, kp, kc = key if keys == (3,) else jax.random.split(key, 3)
-        if vocab_size is not None:
+        if in_features is None:
             self.embed = eqx.nn.Embedding(vocab_size, dim, key=ke, dtype=dtype)
         else:
             self.embed = eqx.nn.Linear(in_features, dim, key=ke, dtype=dtype)
@@ -67,7 +67,7 @@ class TokenEmbedding(eqx.Module):
     def __call__(
         self,
         x: Int[Array, " n"] | Float[Array, "n f"],
-        padding_mask: Bool[Array, " n"] | None = None,
+        padding_mask: Bool[ArrayLike, " n"] | None = None,
         *,
         offset: int | Int[Array, ""] = 0,
     ) -> tuple[Float[Array, "tokens dim"], Bool[Array, " tokens"] | None]:
@@ -144,13 +144,13 @@ class ReadOut(eqx.Module):
         self.pooling = pooling
 
     def __call__(
-        self, z: Float[Array, "tokens dim"], padding_mask: Bool[Array, " tokens"] | None = None
+        self, z: Float[Array, "tokens dim"], padding_mask: Bool[ArrayLike, " tokens"] | None = None
     ) -> Array:
         z = jax.vmap(self.final_norm)(z)
         if self.pooling == "cls":
             z = z[0]
         elif self.pooling == "mean":
-            w = jnp.ones(z.shape[0]) if padding_mask is None else padding_mask.astype(z.dtype)
+            w = jnp.ones(z.shape[0]) if padding_mask is None else jnp.asarray(padding_mask, z.dtype)
             z = (w @ z) / jnp.maximum(jnp.sum(w), 1)
         else:
             return per_token(self.head, z)

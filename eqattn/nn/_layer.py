@@ -10,6 +10,7 @@ from typing import Any
 import equinox as eqx
 
 from .._solve import AbstractAdjoint, AbstractFixedPointSolver, fixed_point
+from .._solve._backends import Solver
 from .._solve._equilibrium import Equilibrium
 from .._solve._fixed_point import default_adjoint
 from .._solve._precision import precision_rtol
@@ -49,7 +50,7 @@ class AbstractEquilibriumLayer(AbstractSolved):
 
     @staticmethod
     def solving(
-        solver: AbstractFixedPointSolver | None,
+        solver: Solver | None,
         adjoint: AbstractAdjoint | None,
         default: AbstractFixedPointSolver,
         dtype=None,

@@ -4,14 +4,14 @@ read-out, one prediction interface, and generation with a cache."""
 from __future__ import annotations
 
 import abc
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import equinox as eqx
 import jax
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from ._cache import GenerationCache, Step
-from ._io import TokenEmbedding
+from ._io import ReadOut, TokenEmbedding
 
 
 class Prediction(NamedTuple):
@@ -49,10 +49,12 @@ class AbstractTransformer(eqx.Module):
     first.)"""
 
     embedding: eqx.AbstractVar[TokenEmbedding]
+    if TYPE_CHECKING:  # a field of the subclasses, declared last there (see above)
+        readout: ReadOut
 
     @abc.abstractmethod
     def apply_blocks(
-        self, h: Float[Array, "tokens dim"], mask: Bool[Array, "1 tokens"] | None, **kwargs
+        self, h: Float[Array, "tokens dim"], mask: Bool[ArrayLike, "1 tokens"] | None, **kwargs
     ) -> tuple[Float[Array, "tokens dim"], Any]:
         """`(state after the blocks, their statistics)` from the embedded tokens `h`; `mask`
         is the key padding mask of the attention."""
@@ -67,7 +69,7 @@ class AbstractTransformer(eqx.Module):
         self,
         x: Int[Array, " n"] | Float[Array, "n f"],
         *,
-        budget: int | Int[Array, ""] | None = None,
+        budget: int | Int[ArrayLike, ""] | None = None,
         key: PRNGKeyArray | None = None,
         z0: Float[Array, "tokens dim"] | None = None,
     ) -> Prediction:
@@ -81,7 +83,7 @@ class AbstractTransformer(eqx.Module):
         tokens: Int[Array, " n"],
         length: int | Int[Array, ""] | None = None,
         *,
-        budget: int | None = None,
+        budget: int | Int[ArrayLike, ""] | None = None,
     ) -> tuple[Float[Array, "n vocab"], GenerationCache, Step]:
         """See [`eqattn.nn.prefill`][]."""
 
@@ -92,7 +94,7 @@ class AbstractTransformer(eqx.Module):
         cache: GenerationCache,
         *,
         warm_start: bool = True,
-        budget: int | None = None,
+        budget: int | Int[ArrayLike, ""] | None = None,
     ) -> tuple[Float[Array, " vocab"], GenerationCache, Step]:
         """See [`eqattn.nn.extend`][]."""
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._attention import (
     Implementation,
@@ -97,7 +97,7 @@ class MultiHeadAttention(eqx.Module):
     use_key_bias: bool = eqx.field(static=True)
     use_value_bias: bool = eqx.field(static=True)
     use_output_bias: bool = eqx.field(static=True)
-    implementation: str = eqx.field(static=True)
+    implementation: Implementation = eqx.field(static=True)
     sequence: SequenceSplit | None = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
 
@@ -204,7 +204,7 @@ class MultiHeadAttention(eqx.Module):
         keys: Float[Array, "m dk"],
         values: Float[Array, "m dv"] | None = None,
         *,
-        mask: Bool[Array, "n m"] | None = None,
+        mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         prefix: KeyValues | None = None,
     ) -> Float[Array, "n do"]:
         """`prefix`, the [`key_values`][eqattn.nn.MultiHeadAttention.key_values] of `p`

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import equinox as eqx
-from jaxtyping import Array, Float
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
 
 
-def per_token(linear: eqx.nn.Linear, x: Float[Array, "*tokens in"]) -> Float[Array, "*tokens out"]:
+def per_token(
+    linear: eqx.nn.Linear, x: Float[ArrayLike, "*tokens in"]
+) -> Float[Array, "*tokens out"]:
     r"""`linear` applied to each row of `x`: $x W^\top + b$, one matmul over all the tokens.
 
     The values of `jax.vmap(linear)(x)`, laid out for what follows: `eqx.nn.Linear` computes
     $W x$ per token, and batched by `vmap` that product leaves its result as `[out, tokens]`,
     which XLA transposes back before the next operation (on a CPU, a DEQ block's map spends
     about a third of its time in those copies)."""
-    y = x @ linear.weight.T
+    y = jnp.asarray(x) @ linear.weight.T
     return y if linear.bias is None else y + linear.bias
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray, UInt32
 
 from .._attention import Implementation
 from .._solve._fixed_point import takes_max_steps
@@ -22,7 +22,7 @@ from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
 from ._checks import check_dims, check_dropout
 from ._io import Pooling, ReadOut, TokenEmbedding, token_io
 from ._model import AbstractTransformer, Prediction
-from ._multihead import MultiHeadAttention
+from ._multihead import KeyValues, MultiHeadAttention
 from ._norm import Norm, check_norm
 
 
@@ -94,7 +94,12 @@ class TransformerBlock(AbstractBlock):
         return self.sublayers(z, mask=mask, drop=drop, prefix=prefix)
 
 
-def stack(keys: PRNGKeyArray, dim: int, num_heads: int, **kwargs) -> tuple[TransformerBlock, ...]:
+def stack(
+    keys: Key[Array, " blocks"] | UInt32[Array, "blocks 2"] | tuple[()],
+    dim: int,
+    num_heads: int,
+    **kwargs,
+) -> tuple[TransformerBlock, ...]:
     """One `TransformerBlock(dim, num_heads, key=k, **kwargs)` per key of `keys`."""
     return tuple(TransformerBlock(dim, num_heads, key=k, **kwargs) for k in keys)
 
@@ -193,7 +198,7 @@ class Transformer(AbstractTransformer):
     @takes_max_steps
     def prefill(self, tokens, length=None, *, budget=None):
         h, _ = self.embedding(tokens)
-        kvs = []
+        kvs: list[KeyValues] = []
         z = run_cached(self.blocks, h, kvs)
         length = tokens.shape[0] if length is None else length
         cache = new_cache(kvs, self.embedding.max_len, length, z)
@@ -201,7 +206,7 @@ class Transformer(AbstractTransformer):
 
     @takes_max_steps
     def extend(self, token, cache: GenerationCache, *, warm_start=True, budget=None):
-        kvs = []
+        kvs: list[KeyValues] = []
         z = run_cached(
             self.blocks, self._next(token, cache), kvs, seen(cache), cache.keys, cache.values
         )
@@ -211,7 +216,7 @@ class Transformer(AbstractTransformer):
         self,
         x: Int[Array, " n"] | Float[Array, "n f"],
         *,
-        padding_mask: Bool[Array, " n"] | None = None,
+        padding_mask: Bool[ArrayLike, " n"] | None = None,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
     ) -> Array:

@@ -138,9 +138,11 @@ def _pair_forward(ring, q, k, v, b, mask, diag: bool):
 def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
     """`(dq, dk, dv, dbeta)` shares of one pair (as `_pair_forward`); `rows_in` = the queries'
     `(lse, delta, g_out, g_lse)`."""
+    lse, delta, g_out, g_lse = rows_in
+    rows = (lse, delta, g_out, g_lse, dtype)
     if diag:
-        return engine.causal_backward(q, k, v, b, mask, *rows_in, dtype, _blocks(ring), ring.leaf)
-    return _blocks(ring).backward(q, k, v, b, mask, *rows_in, dtype)
+        return engine.causal_backward(q, k, v, b, mask, *rows, _blocks(ring), ring.leaf)
+    return _blocks(ring).backward(q, k, v, b, mask, *rows)
 
 
 def _relation(chunks):

@@ -61,7 +61,7 @@ def sharded_attention_with_lse(
     mesh: Mesh,
     axis: str,
     beta: float | Float[ArrayLike, "*#batch"] = 1.0,
-    mask: Bool[ArrayLike, "*#batch #n #m"] | None = None,
+    mask: Bool[ArrayLike, "*#mask"] | None = None,
     chunk_size: int | None = None,
     tiling: Tiling | None = None,
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:

@@ -171,7 +171,7 @@ def load_corpus(paths: Sequence[str | Path] | None = None, holdout: float = HOLD
     if not 0 < holdout < 0.5:
         raise ValueError(f"`holdout` must be in (0, 0.5); got {holdout}.")
     default = paths is None
-    if default:
+    if paths is None:
         root = Path(sysconfig.get_paths()["stdlib"])
         files = [(f, root) for f in stdlib_files()]
     else:

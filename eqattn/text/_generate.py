@@ -139,7 +139,7 @@ def _encoded(model, prompts, tokens, temperature, top_k) -> list[list[int]]:
             "its start is cut off.",
             stacklevel=3,
         )
-    return [list(symbols) for symbols, _ in encoded]
+    return [symbols.tolist() for symbols, _ in encoded]
 
 
 @takes_max_steps
@@ -195,7 +195,8 @@ def generate(
     key = jax.random.key(0) if key is None else key
     new, key, cache, stats = prefill(model, *_batch(history, context), key, options)
     filled = max(len(h) for h in history)  # the cache's longest row
-    out, steps, converged = [[] for _ in history], [], []
+    out: list[list[int]] = [[] for _ in history]
+    steps, converged = [], []
     for i in range(tokens):
         drawn, n_steps, done = jax.device_get((new, stats.steps, stats.converged))
         steps.append(n_steps)  # the solve whose logits this byte was drawn from
@@ -214,9 +215,9 @@ def generate(
         else:
             new, key, cache, stats = extend(model, new, cache, key, options)
             filled += 1
-    steps = np.stack(steps, -1) if steps else np.zeros((len(history), 0), np.int32)
-    converged = np.stack(converged, -1) if converged else np.zeros((len(history), 0), bool)
+    by_token = np.stack(steps, -1) if steps else np.zeros((len(history), 0), np.int32)
+    solved = np.stack(converged, -1) if converged else np.zeros((len(history), 0), bool)
     texts = [bytes(row) for row in out]
     if single:
-        return Generated(texts[0], steps[0], converged[0])
-    return Generated(texts, steps, converged)
+        return Generated(texts[0], by_token[0], solved[0])
+    return Generated(texts, by_token, solved)

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -78,7 +78,10 @@ def train(
     if resume:
         header = _resumable(out, epochs)
         model_config = config_of(header["config"])
-        config = TrainConfig(**header["resume"]["train_config"])
+        saved = dict(header["resume"]["train_config"])
+        if saved.get("text") is not None:  # a JSON list
+            saved["text"] = tuple(saved["text"])
+        config = TrainConfig(**saved)
         if epochs is not None:
             config = dataclasses.replace(config, epochs=epochs)
     else:
@@ -193,7 +196,9 @@ def evaluate(
     return dict(checkpoint=str(checkpoint), task=task.name, **result)
 
 
-def configs(task: str = "digits", model: str = "deq", **fields) -> tuple[ModelConfig, TrainConfig]:
+def configs(
+    task: str = "digits", model: Literal["deq", "explicit"] = "deq", **fields
+) -> tuple[ModelConfig, TrainConfig]:
     """The configurations of `eqattn train --task TASK --model MODEL`: the task's defaults (where
     they differ from the dataclasses', which are the digits'), with `fields` set in whichever of
     the two configurations has them.
@@ -213,6 +218,8 @@ def configs(task: str = "digits", model: str = "deq", **fields) -> tuple[ModelCo
     return ModelConfig(model=model, task=task, **model_fields), TrainConfig(**train_fields)
 
 
-def text_configs(model: str = "deq", **fields) -> tuple[ModelConfig, TrainConfig]:
+def text_configs(
+    model: Literal["deq", "explicit"] = "deq", **fields
+) -> tuple[ModelConfig, TrainConfig]:
     """`configs("text", model, **fields)`: the text task's configurations."""
     return configs("text", model, **fields)

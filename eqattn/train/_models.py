@@ -125,7 +125,7 @@ def _closest(count, target: int, heads: int, max_width: int, ratios) -> tuple[in
     return min(pairs, key=lambda wr: abs(count(*wr) - target))
 
 
-def predict(model: eqx.Module, x, budget=None, key=None, z0=None) -> Prediction:
+def predict(model: nn.AbstractTransformer, x, budget=None, key=None, z0=None) -> Prediction:
     """One example's output and its solve's statistics (`model.predict`): `key` (training) draws
     dropout masks, without it the model runs in inference mode; `z0` warm-starts a DEQ's solve."""
     return model.predict(x, budget=budget, key=key, z0=z0)
@@ -148,5 +148,5 @@ def predict_corrected(model: eqx.Module, x, segments: Sequence[int], key=None, z
         raise ConfigError("fixed-point correction (--corrections) needs the DEQ model")
     logits, pieces = model.trajectory(x, segments, key=key, inference=key is None, z0=z0)
     last = pieces[-1]
-    steps = sum(eq.steps for eq in pieces)
+    steps = jnp.sum(jnp.stack([eq.steps for eq in pieces]))
     return Prediction(jnp.stack(logits), steps, last.relative_residual, last.converged, last.value)

@@ -111,11 +111,13 @@ def retrieve(
         "rows": rows,
         "best_beta": best["beta"],
     }
-    if plot:
+    if out is not None:
         # back to pixels for the figure: the mean image plus the pattern at a typical norm
         scale = float(np.median(np.linalg.norm(centred, axis=-1)))
-        views = [mean + scale * v for v in (queries, results[best["beta"]], stored)]
-        report["figure"] = str(_plot(out / "retrieval.png", *views, best["beta"]))
+        shown, retrieved, kept = (
+            mean + scale * v for v in (queries, results[best["beta"]], stored)
+        )
+        report["figure"] = str(_plot(out / "retrieval.png", shown, retrieved, kept, best["beta"]))
         atomic_write(out / "retrieval.json", (json.dumps(report, indent=2) + "\n").encode())
     return report
 

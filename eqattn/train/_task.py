@@ -72,6 +72,10 @@ class AbstractTask(abc.ABC):
     examples: int
     """Training examples (each keeps its fixed point with `warm_start`)."""
 
+    @abc.abstractmethod
+    def __init__(self, model_config: ModelConfig, config: TrainConfig):
+        """Load the task's data and check the settings (a `ConfigError` names a bad one)."""
+
     @property
     def label(self) -> str:
         """The run's name on the progress bar, after the model's."""

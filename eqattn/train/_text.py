@@ -151,7 +151,8 @@ def bits_per_byte(model, windows: text.Windows, budget=None, tick=None) -> dict[
     stats: list[list[np.ndarray]] = [[], [], []]
     for i in range(0, n + pad, EVAL_BATCH):
         chunk = [jnp.asarray(a[i : i + EVAL_BATCH]) for a in arrays]
-        b, s, *solves = _score_windows(model, *chunk, budget)
+        inputs, targets, weights = chunk
+        b, s, *solves = _score_windows(model, inputs, targets, weights, budget)
         bits, scored = bits + float(b), scored + float(s)
         for kept, a in zip(stats, solves):
             kept.append(np.asarray(a)[: min(EVAL_BATCH, n - i)])

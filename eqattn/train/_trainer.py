@@ -57,10 +57,11 @@ class Trainer:
         self.task, self.model_config, self.config = task, task.model_config, task.config
         self.out, self.ckpt = Path(out), Path(out) / CHECKPOINT
         self.clock = clock or (time.perf_counter(), process_age() or 0.0)
-        self.eval_s, self.metrics, self.prior = 0.0, {}, dict.fromkeys(_PARTS, 0.0)
+        self.eval_s, self.prior = 0.0, dict.fromkeys(_PARTS, 0.0)
+        self.metrics: dict[str, Any] = {}
         self.total = task.steps_per_epoch * self.config.epochs
         key, init_key = jax.random.split(jax.random.key(self.config.seed))
-        self.model = task.build_model(self.model_config, init_key)
+        self.model: Any = task.build_model(self.model_config, init_key)
         leaves = jax.tree.leaves(eqx.filter(self.model, eqx.is_inexact_array))
         self.n_params = sum(x.size for x in leaves)
         self.optimizer = optimizer_of(self.config, self.total)
@@ -80,7 +81,8 @@ class Trainer:
             state = eqx.filter_eval_shape(lambda: predict(self.model, first).fixed_point)
             self.fixed_points = np.zeros((task.examples, *state.shape), state.dtype)
             self.z_batch = jnp.asarray(self.fixed_points[: task.batch])
-        self.key, self.history, self.train_time, self.first_epoch = key, [], 0.0, 1
+        self.history: list[dict[str, Any]] = []
+        self.key, self.train_time, self.first_epoch = key, 0.0, 1
         if header is not None:
             self._restore(header)
         self._compile()
@@ -111,7 +113,9 @@ class Trainer:
             args = (*place.batch(x0, y0, np.arange(self.task.batch)), place.replicate(self.key))
         else:
             args = (*self.example, self.key)
-        step = eqx.filter_jit(self.task.train_step(self.model_config, self.config, self.optimizer))
+        step: Any = eqx.filter_jit(
+            self.task.train_step(self.model_config, self.config, self.optimizer)
+        )
         self.compiled = step.lower(self.model, self.opt_state, *args, self.z_batch).compile()
         self.compile_s = time.perf_counter() - t_compile
         memory = self.compiled.compiled.memory_analysis()
@@ -228,10 +232,10 @@ class Trainer:
         for i, (batch, idx) in enumerate(self.task.batches(self.rng, self.place)):
             failpoint(f"step:{epoch}:{i + 1}")
             self.key, sub = jax.random.split(self.key)
-            z0 = self.fixed_points[idx] if self.warm else None
+            z0 = None if self.fixed_points is None else self.fixed_points[idx]
             sub = sub if self.place is None else self.place.replicate(sub)
             model, state, loss, aux, z = self.compiled(self.model, self.opt_state, *batch, sub, z0)
-            if self.warm:
+            if self.fixed_points is not None:
                 self.fixed_points[idx] = np.asarray(z)
             values = np.array([float(loss), *(float(a) for a in aux)])
             if not math.isfinite(values[0]):
@@ -267,7 +271,9 @@ class Trainer:
         """Train the epochs left; returns the metrics. `progress` as in `eqattn.train.train`."""
         if progress is None:
             progress = "bar" if sys.stderr.isatty() else "lines"
-        progress = {True: "bar", False: "off"}.get(progress, progress) if self.writer else "off"
+        elif isinstance(progress, bool):
+            progress = "bar" if progress else "off"
+        progress = progress if self.writer else "off"
         if progress not in ("bar", "lines", "off"):
             raise ValueError(f"`progress` must be a bool, 'bar', 'lines' or None; got {progress!r}")
         desc = f"{self.model_config.model} {self.task.label}"

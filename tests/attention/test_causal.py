@@ -107,6 +107,7 @@ def test_operators_and_multihead_attention_take_causal(rng, getkey):
     np.testing.assert_allclose(mha(y, y)[:7], mha(x, x)[:7], atol=1e-12)
 
 
+@pytest.mark.bad_input
 def test_causal_argument_is_checked():
     x = jnp.ones((4, 2))
     with pytest.raises(TypeError, match="`causal` must be True or False"):

@@ -9,6 +9,7 @@ from jax.test_util import check_grads
 import eqattn
 
 from .. import reference
+from ..checks import unchecked
 
 SHAPES = [
     # (q shape, k shape, v shape, beta shape, mask shape)
@@ -178,9 +179,9 @@ def test_chunked_path_selection():
     assert core_path(4096, 1024, None, "auto") == (None, False, 512, 256)
     assert core_path(128, 256, None, "auto") == (None, False, None, None)  # 2^15 logits
     for bad in (dict(min_logits=-1), dict(chunk_size=0), dict(forward_logits=2.0)):
-        with pytest.raises(ValueError, match="Tiling"):
+        with unchecked(), pytest.raises(ValueError, match="Tiling"):
             eqattn.Tiling(**bad)
-    with pytest.raises(TypeError, match="`tiling` must be an eqattn.Tiling"):
+    with unchecked(), pytest.raises(TypeError, match="`tiling` must be an eqattn.Tiling"):
         eqattn.attention(jnp.ones((3, 2)), jnp.ones((3, 2)), tiling={"chunk_size": 2})
     assert chunk_spec(100, 50, 16, "auto") == (16, True)
     assert chunk_spec(100, 50, 16, "chunked") == (16, True)
@@ -191,7 +192,7 @@ def test_chunked_path_selection():
         assert "while" in lowered.as_text()  # a scan over blocks of keys
     lowered = jax.jit(lambda q: eqattn.attention(q, q, implementation="xla")).lower(q)
     assert "while" not in lowered.as_text()
-    with pytest.raises(ValueError, match="`chunk_size` must be a positive int"):
+    with unchecked(), pytest.raises(ValueError, match="`chunk_size` must be a positive int"):
         eqattn.attention_with_lse(q, q, chunk_size=0)
 
 
@@ -276,6 +277,7 @@ def test_traced_beta_and_beta_gradient(rng):
     np.testing.assert_allclose(g, fd, rtol=1e-7)
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -74,6 +74,7 @@ def test_selection(q, k, v, kw, expected):
     assert _select(q, k, v, **kw) == expected
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     "call, match",
     [

@@ -10,6 +10,8 @@ from scipy.special import logsumexp, softmax
 
 import eqattn
 
+from ..checks import unchecked
+
 
 def _reference_energy(xi, X, beta):
     m = X.shape[0]
@@ -91,10 +93,15 @@ def test_masks_drop_the_masked_patterns(rng):
     none = np.zeros(m, bool)
     assert np.all(eqattn.hopfield_update(xi, X, mask=none) == 0)
     assert np.all(np.isnan(eqattn.hopfield_energy(xi, X, mask=none)))
-    with pytest.raises(ValueError, match=r"`mask` must be boolean .* m = 9 .* got float64 \(9,\)"):
+    with (
+        unchecked(),
+        pytest.raises(ValueError, match=r"`mask` must be boolean .* m = 9 .* got float64 \(9,\)"),
+    ):
         eqattn.hopfield_update(xi, X, mask=np.ones(m))
-    with pytest.raises(ValueError, match=r"batch \(4,\) .* got bool \(3, 9\)"):
+    with unchecked(), pytest.raises(ValueError, match=r"batch \(4,\) .* got bool \(3, 9\)"):
         eqattn.hopfield_energy(xi, X, mask=np.ones((3, m), bool))
+    with unchecked(), pytest.raises(ValueError, match=r"state \(3,\), patterns \(5, 4\)"):
+        eqattn.hopfield_energy(np.ones(3), np.ones((5, 4)))
 
 
 def test_layer_energy_counts_only_unpadded_patterns(rng):
@@ -107,11 +114,6 @@ def test_layer_energy_counts_only_unpadded_patterns(rng):
     np.testing.assert_allclose(
         layer.energy(state, padded, padding_mask=keep), layer.energy(state, stored), rtol=1e-9
     )
-
-
-def test_bad_shapes():
-    with pytest.raises(ValueError, match=r"state \(3,\), patterns \(5, 4\)"):
-        eqattn.hopfield_energy(np.ones(3), np.ones((5, 4)))
 
 
 def _plain_updates(q0, k, beta, injection, steps):
@@ -136,9 +138,8 @@ def _layer_energy(xi, q0, k, beta, injection):
     return energy + 0.5 * injection * np.sum((xi - q0) ** 2)
 
 
-# The reproducer of the Hopfield retrieval bug (beta 0.25, 16-dim patterns, 12 stored, 3
-# states, 20 seeds: Anderson's extrapolation left the basin in 7 of them), at small beta (a
-# metastable mixture) and large beta (a single pattern).
+# The Hopfield retrieval bug's reproducer (beta 0.25, 16-dim patterns, 12 stored, 3 states: Anderson
+# left the basin in 7 of 20 seeds), at small beta (a mixture) and large beta (one pattern).
 RETRIEVAL_BETAS = [0.05, 0.25, 1.0, 4.0]
 
 
@@ -275,7 +276,10 @@ def test_update_steps_mode_against_a_dense_formula_and_its_gradients(rng):
     np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-14)
     assert int(eq.steps) == 1 and bool(eq.converged)
     for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError, match="`update_steps` must be None or an int >= 0"):
+        with (
+            unchecked(),
+            pytest.raises(ValueError, match="`update_steps` must be None or an int >= 0"),
+        ):
             _update_steps_layer(bad, 0.0)
 
 

@@ -14,6 +14,7 @@ import pytest
 import eqattn
 import eqattn.nn as enn
 
+from ..checks import unchecked
 from .layers import F64, layers
 
 
@@ -98,6 +99,7 @@ def test_energy_descent_never_increases(getkey):
     )
 
 
+@pytest.mark.bad_input
 def test_bad_shapes_and_options(getkey):
     with pytest.raises(ValueError, match="`num_heads` must divide `dim`"):
         enn.ImplicitAttention(10, 3, key=getkey())
@@ -145,7 +147,7 @@ def test_explicit_transformer_baseline(getkey):
     assert eqx.filter_jit(tokens)(jnp.arange(4)).shape == (4, 5)
     grads = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2)))(model)
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
-    with pytest.raises(ValueError, match="`depth` must be >= 1"):
+    with unchecked(), pytest.raises(ValueError, match="`depth` must be >= 1"):
         enn.Transformer(3, 16, 2, 0, key=getkey(), in_features=6)
     # a DEQ cell of depth 3: the first block's map (with the injection), then two explicit
     # blocks; its leaves are a depth-1 block's, then the cell's
@@ -159,11 +161,11 @@ def test_explicit_transformer_baseline(getkey):
     assert len(leaves) > len(first_leaves)
     assert all(a is b for a, b in zip(leaves, first_leaves))
     for bad in (0, 1.5, True):
-        with pytest.raises(ValueError, match="`depth`"):
+        with unchecked(), pytest.raises(ValueError, match="`depth`"):
             enn.DEQBlock(16, 2, key=getkey(), depth=bad)
-    with pytest.raises(ValueError, match="one KeyValues per block of the cell"):
+    with unchecked(), pytest.raises(ValueError, match="one KeyValues per block of the cell"):
         cell.equilibrium(z, prefix=cell.key_values(z))
-    with pytest.raises(ValueError, match=r"`x` must have shape \[n, 6\]"):
+    with unchecked(), pytest.raises(ValueError, match=r"`x` must have shape \[n, 6\]"):
         model(jnp.ones((7, 5)))
 
 

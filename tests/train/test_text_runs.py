@@ -115,7 +115,18 @@ def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     )
     evaluated = json.loads((tmp_path / "e.json").read_text())
     assert evaluated["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
-    assert [row["max_steps"] for row in evaluated["budget_sweep"]] == [2, 30]
+    assert [row["max_steps"] for row in evaluated["budget_sweep"]][0] == 2
+    # the settings that apply to text alone are recorded
+    assert not {"tokens", "num_tokens", "in_features"} & set(metrics["model_config"])
+    assert not {"shift", "train_size", "warm_start"} & set(metrics["train_config"])
+    # the best validated epoch's model, kept beside the last
+    scores = [h["validation_bits_per_byte"] for h in metrics["history"]]
+    _, best = read_header(out / "best.eqx")
+    assert best["epoch"] == 1 + scores.index(min(scores)) and "resume" not in best
+    assert best["validation_bits_per_byte"] == min(scores)
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(out), "--best", "--steps", "30"]) == 0
+    assert "bits per byte" in capsys.readouterr().out
 
 
 def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(

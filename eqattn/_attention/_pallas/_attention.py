@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools as ft
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ from jax import lax
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
+from jaxtyping import Array, Bool, Float
 
 from . import _mosaic, _tile, _triton
 
@@ -54,7 +56,7 @@ class _Layout:
     """One call's real and padded sizes, and its kernels and blocks."""
 
     kernels: object
-    blocks: object
+    blocks: Any
     n: int
     m: int
     d: int
@@ -203,14 +205,35 @@ def _forward(q, k, v, beta, mask, config):
     return _first_order(ft.partial(_run, _forward_with, config))(q, k, v, beta, mask)
 
 
-def forward(q, k, v, beta, mask, config: Config = Config()):
+def forward(
+    q: Float[Array, "B n d"],
+    k: Float[Array, "B m d"],
+    v: Float[Array, "B m dv"],
+    beta: Float[Array, " B"],
+    mask: Bool[Array, "#B #n m"] | None,
+    config: Config = Config(),
+) -> tuple[Float[Array, "B n dv"], Float[Array, "B n"]]:
     """`(out, lse)` in the compute dtype (at least float32) by the fused kernels, for callers
     with a VJP of their own (ring attention): the core's `forward` contract."""
     out, lse = _forward(q, k, v, beta, mask, config)
     return out.astype(lse.dtype), lse
 
 
-def backward(q, k, v, beta, mask, lse, delta, g_out, g_lse, dtype, config: Config = Config()):
+def backward(
+    q: Float[Array, "B n d"],
+    k: Float[Array, "B m d"],
+    v: Float[Array, "B m dv"],
+    beta: Float[Array, " B"],
+    mask: Bool[Array, "#B #n m"] | None,
+    lse: Float[Array, "B n"],
+    delta: Float[Array, "B n"],
+    g_out: Float[Array, "B n dv"],
+    g_lse: Float[Array, "B n"],
+    dtype,
+    config: Config = Config(),
+) -> tuple[
+    Float[Array, "B n d"], Float[Array, "B m d"], Float[Array, "B m dv"], Float[Array, " B"]
+]:
     r"""`(dq, dk, dv, dbeta)` in `dtype` of one set of keys by the fused kernels, the weights
     recomputed from the `lse` over all keys (then these are this set's shares) and
     $\delta = \sum g_o \odot o$: the core's `backward` contract."""

@@ -136,7 +136,7 @@ def forward(q, k, v, beta, mask, *, blocks: Blocks, m_real, dtype, interpret: bo
         return pl.BlockSpec((None, bk, cols), lambda b, i, j: (b, j, 0))
 
     scratch = [pltpu.VMEM((bq, LANES), dtype), pltpu.VMEM((bq, LANES), dtype)]
-    scratch += [] if v is None else [pltpu.VMEM((bq, Dv), dtype)]
+    scratch += [] if v is None else [pltpu.VMEM((bq, v.shape[2]), dtype)]
     return pl.pallas_call(
         ft.partial(_forward_kernel, m_real=m_real, dtype=dtype),
         grid=(B, N // bq, M // bk),
@@ -271,7 +271,7 @@ def backward(q, k, v, beta, mask, do, lse2, delta, *, blocks: Blocks, m_real, dt
         return specs, queries, keys
 
     specs, _, keys = in_specs(lambda b, j, i: (b, i, j))
-    dv_acc = [] if v is None else [pltpu.VMEM((bk, Dv), dtype)]
+    dv_acc = [] if v is None else [pltpu.VMEM((bk, v.shape[2]), dtype)]
     dk, dv = pl.pallas_call(
         ft.partial(_dkdv_kernel, m_real=m_real, dtype=dtype),
         grid=(B, M // bk, N // bq),

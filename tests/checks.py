@@ -1,0 +1,19 @@
+"""Runtime type checks in the tests: jaxtyping checks every annotated call in eqattn
+(`--jaxtyping-packages` in pyproject.toml). Bad input given on purpose, to see eqattn's own
+error (the `ValueError` naming the argument and the shapes that users get), runs `unchecked()`;
+a test whose purpose is such errors is marked `bad_input` instead (conftest)."""
+
+import contextlib
+
+import jaxtyping
+
+
+@contextlib.contextmanager
+def unchecked():
+    """jaxtyping's runtime checks stand aside within this block."""
+    before = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", before)
