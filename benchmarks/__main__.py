@@ -11,7 +11,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from ._harness import device_description, write_results
+from ._harness import device_description, tree_state, write_results
 
 SUITES = (
     "core",
@@ -54,7 +54,14 @@ def main(argv: list[str] | None = None) -> None:
         default=Path(__file__).parent / "results",
         help="folder for the JSON results (default: benchmarks/results)",
     )
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write into benchmarks/results from a tree with uncommitted changes to eqattn/ or "
+        "benchmarks/ (refused otherwise; the results file records them)",
+    )
     args = parser.parse_args(argv)
+    tree_state(args.out, args.allow_dirty)  # refused before anything runs
     dev = device_description()
     print(f"device: {dev['device_kind']} ({dev['platform']}, {dev['device_count']} device(s))")
     for suite in args.suites or SUITES:
@@ -65,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             options["short"] = True
         rows, extra = module.run(**options)
         name = f"{suite}-quick" if args.quick else f"{suite}-short" if "short" in options else suite
-        print(f"wrote {write_results(args.out, name, rows, extra)}")
+        written = write_results(args.out, name, rows, extra, allow_dirty=args.allow_dirty)
+        print(f"wrote {written}")
 
 
 if __name__ == "__main__":

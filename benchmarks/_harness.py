@@ -22,6 +22,8 @@ import numpy as np
 
 import eqattn
 
+RESULTS = Path(__file__).parent / "results"
+
 
 def _compile(fn, args):
     t0 = time.perf_counter()
@@ -175,7 +177,57 @@ def git_commit() -> str | None:
         return None
 
 
-def write_results(out_dir: Path, suite: str, rows: list[dict], extra: dict | None = None) -> Path:
+def uncommitted() -> list[str] | None:
+    """The files under `eqattn/` and `benchmarks/` (tracked, or new Python files) that differ
+    from the checkout's commit; None where that cannot be told (no git, or a copy of the tree
+    whose commit `EQATTN_COMMIT` names)."""
+    if os.environ.get("EQATTN_COMMIT"):
+        return None
+    root = Path(__file__).parent.parent
+    try:
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", "eqattn", "benchmarks"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    changed = [line[3:] for line in status.splitlines()]
+    return [f for f in changed if not (f.startswith("benchmarks/results/") or f.endswith("/"))]
+
+
+def tree_state(out_dir: Path, allow_dirty: bool) -> str:
+    """What a results file records of the tree that produced it. Into the committed results
+    folder (`RESULTS`), a tree with uncommitted changes to `eqattn/` or `benchmarks/` is refused
+    (its figures would name a commit that did not produce them) unless `allow_dirty`, and the
+    file then says so."""
+    changed = uncommitted()
+    if changed is None:
+        return "as committed (EQATTN_COMMIT)" if os.environ.get("EQATTN_COMMIT") else "unknown"
+    if not changed:
+        return "clean"
+    listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    if Path(out_dir).resolve() == RESULTS.resolve() and not allow_dirty:
+        raise SystemExit(
+            f"refusing to write results into {RESULTS} from a tree with uncommitted changes "
+            f"({listed}): commit them first, or pass --allow-dirty (the file then says so)"
+        )
+    return f"uncommitted changes: {listed}"
+
+
+def write_results(
+    out_dir: Path,
+    suite: str,
+    rows: list[dict],
+    extra: dict | None = None,
+    *,
+    allow_dirty: bool = False,
+) -> Path:
+    """The suite's rows and `extra` as `<suite>-<platform>-<device>.json` in `out_dir`, with
+    the device, versions, date, commit and the tree's state (see `tree_state`)."""
+    tree = tree_state(out_dir, allow_dirty)
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = device_description()
     stamp = datetime.datetime.now(datetime.UTC)
@@ -187,6 +239,7 @@ def write_results(out_dir: Path, suite: str, rows: list[dict], extra: dict | Non
         "device": dev,
         "versions": versions(),
         "git_commit": git_commit(),
+        "tree": tree,
         **(extra or {}),
         "rows": rows,
     }
@@ -204,3 +257,39 @@ def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
         if j == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def result_paths(results: Path, suite: str) -> list[Path]:
+    """The suite's results files (the compile suite's tile sweeps are sources, not tables)."""
+    paths = sorted(results.glob(f"{suite}-*.json"))
+    return [p for p in paths if not p.name.startswith("compile-sweep")]
+
+
+def load_results(results: Path, suite: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in result_paths(results, suite)]
+
+
+def source_line(payload) -> str:
+    dev, v = payload["device"], payload["versions"]
+    if payload["suite"] == "compile" or payload.get("compiled"):
+        return (
+            f"{dev['description']}, compiled with no device (not run), jax {v.get('jax')}, "
+            f"{payload['date'][:10]}, commit {payload.get('git_commit')}"
+        )
+    return (
+        f"{dev['device_kind']} ({dev['platform']}), jax {v.get('jax')}, {payload['date'][:10]}, "
+        f"commit {payload.get('git_commit')}"
+    )
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def seeds_cell(seeds) -> str:
+    """`[0, 1, 2, 3, 4]` -> "0-4"."""
+    if list(seeds) == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))

@@ -19,7 +19,7 @@ import numpy as np
 
 import eqattn
 
-from ._harness import print_table, time_interleaved
+from ._harness import markdown_table, print_table, time_interleaved
 
 HEADS, DIM = 8, 64
 
@@ -101,3 +101,24 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         ],
     )
     return rows, {"heads": HEADS, "dim": DIM}
+
+
+def table(payload) -> str:
+    """One row per size and case: forward+backward time, its ratio to XLA's dense causal mask,
+    and the gradients' relative error against it."""
+    return markdown_table(
+        ["n = m", "dtype", "case", "fwd+bwd ms", "x xla", "rel. error vs xla"],
+        [
+            [r["n"], r["dtype"], r["case"], "", "", f"failed: {r['error'].splitlines()[0][:80]}"]
+            if r.get("error")
+            else [
+                r["n"],
+                r["dtype"],
+                r["case"],
+                f"{r['ms']:.3g}",
+                f"{r['x_xla']:.2f}",
+                "" if r["rel_error"] is None else f"{r['rel_error']:.1e}",
+            ]
+            for r in payload["rows"]
+        ],
+    )

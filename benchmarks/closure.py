@@ -24,7 +24,7 @@ import numpy as np
 
 import eqattn
 
-from ._harness import print_table
+from ._harness import markdown_table, print_table
 
 D = 4
 
@@ -79,3 +79,23 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     )
     print("slope over the last two m per tilt:", {k: round(v, 2) for k, v in slopes.items()})
     return rows, {"d": D, "draws": draws, "sigma": "identity", "slopes_last": slopes}
+
+
+def table(payload) -> str:
+    """The closure results file as Markdown (the Benchmarks page's table)."""
+    rows = payload["rows"]
+    tilts = sorted({r["tilt"] for r in rows})
+    sizes = sorted({r["m"] for r in rows})
+    by = {(r["tilt"], r["m"]): r for r in rows}
+    slopes = payload.get("slopes_last", {})
+    return markdown_table(
+        ["t = eta' Sigma eta", *(f"m = {m}" for m in sizes), "slope (last two m)"],
+        [
+            [
+                f"{t:g}",
+                *(f"{by[t, m]['error_mean']:.3g} ({by[t, m]['predicted']:.3g})" for m in sizes),
+                f"{slopes[str(t)]:.2f}" if str(t) in slopes else "",
+            ]
+            for t in tilts
+        ],
+    )

@@ -38,260 +38,40 @@ import datetime
 import importlib.metadata as md
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from . import _deviceless
+from ._compile_programs import (  # noqa: F401 (the suite's names)
+    CHECKED_PROGRAMS,
+    DTYPES,
+    HEADS,
+    LONG,
+    MASKS,
+    PROGRAMS,
+    RAGGED,
+    RING_DIM,
+    RING_DTYPE,
+    RING_TOKENS,
+    SQUARE,
+    WIDTHS,
+    _memory_rows,
+    _program,
+    _program_rows,
+    _ring_rows,
+    _uses,
+    cases,
+    negative_control,
+)
+from ._harness import markdown_table, tree_state
 
 RESULTS = Path(__file__).parent / "results"
-DTYPES = {"cuda": ("float32", "bfloat16", "float16"), "tpu": ("float32", "bfloat16")}
-WIDTHS = (32, 64, 128, 256)
-HEADS = 8
-SQUARE, RAGGED = (4096, 4096), (1000, 3000)
-MASKS = ("none", "key padding", "causal")
 CHECKED = ("h100", "v5e", "v6e")
 
 
-def cases(platform: str, check: bool) -> list[dict]:
-    """The configurations compiled for a target of `platform`."""
-    passes = ("gradient",) if check else ("forward", "gradient")
-    shapes = [(*SQUARE, mask) for mask in MASKS] + [(*RAGGED, "none")]
-    return [
-        {"dtype": dtype, "d": d, "n": n, "m": m, "mask": mask, "pass": p}
-        for dtype in DTYPES[platform]
-        for d in WIDTHS
-        for n, m, mask in shapes
-        for p in passes
-    ]
-
-
-def _program(case: dict, sharding):
-    """`(function, argument specs)` of one configuration, through the public API."""
-    import jax
-    import jax.numpy as jnp
-
-    import eqattn
-
-    n, m, d = case["n"], case["m"], case["d"]
-
-    def spec(shape, dtype=case["dtype"]):
-        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
-
-    args = [spec((1, HEADS, n, d)), spec((1, HEADS, m, d)), spec((1, HEADS, m, d))]
-    args.append(spec((HEADS,), "float32"))
-    if case["mask"] == "key padding":
-        args.append(spec((1, 1, 1, m), "bool"))
-    elif case["mask"] == "causal":
-        args.append(spec((n, m), "bool"))
-
-    def forward(q, k, v, beta, mask=None):
-        return eqattn.attention_with_lse(q, k, v, beta=beta, mask=mask, implementation="pallas")
-
-    def loss(q, k, v, beta, mask=None):
-        out, lse = forward(q, k, v, beta, mask)
-        return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse.astype(jnp.float32))
-
-    if case["pass"] == "forward":
-        return forward, args
-    return jax.grad(loss, argnums=(0, 1, 2, 3)), args
-
-
-def negative_control(target: _deviceless.Target) -> dict:
-    """An oversized tiling, compiled like the rest: the check must judge it a failure."""
-    import jax
-    import jax.numpy as jnp
-
-    from eqattn._attention._pallas import _attention, _mosaic, _triton
-
-    sharding = _deviceless.one_device_sharding(target)
-    if target.platform == "cuda":  # 128 x 128 backward tiles of 256 float32 features
-        wide = _triton.Tile(128, 128, 4, 2)
-        blocks = _triton.Blocks(_triton.Tile(64, 64, 4, 2), wide, wide)
-        config, d = _attention.Config(triton=blocks), 256
-    else:  # 4096 x 4096 blocks: far over any generation's scoped VMEM
-        blocks = _mosaic.Blocks(4096, 4096)
-        config, d = _attention.Config(mosaic=blocks), 128
-
-    def loss(q, k, v, beta):
-        out, lse = _attention.attention_core(q, k, v, beta, None, config)
-        return jnp.sum(out) + jnp.sum(lse)
-
-    specs = [jax.ShapeDtypeStruct((HEADS, 4096, d), jnp.float32, sharding=sharding)] * 3
-    specs.append(jax.ShapeDtypeStruct((HEADS,), jnp.float32, sharding=sharding))
-    program = jax.grad(loss, argnums=(0, 1, 2))
-    row = _deviceless.compile_program(target, program, specs)
-    row = {"dtype": "float32", "d": d, "blocks": repr(blocks), **row}
-    # Mosaic's error names the scoped-VMEM limit it enforced: the table's must be the same.
-    found = re.search(r"limit ([\d.]+)M", row.get("error", ""))
-    if found:
-        row["reported_vmem_limit"] = round(float(found[1]) * 2**20)
-    return row
-
-
 # --- whole programs ----------------------------------------------------------------------------
-
-LONG = 16384
-
-
-def _uses(text: str) -> dict:
-    """Which attention paths a compiled program holds."""
-    low = text.lower()
-    return {
-        "cudnn": "cudnn" in low,
-        "pallas_kernels": sorted(set(re.findall(r"eqattn_attention_\w+?(?=[.\s\"(])", text))),
-    }
-
-
-def _memory_rows(target, sharding) -> list[dict]:
-    """The attention core's forward+backward at n = m = 16,384 (batch x heads = 4, d = 64,
-    float32), the memory suite's cases compiled for the target: temporaries against XLA's dense
-    attention's."""
-    import jax
-    import jax.numpy as jnp
-
-    from . import memory
-
-    spec = [jax.ShapeDtypeStruct((1, memory.BH, LONG, memory.DIM), jnp.float32, sharding=sharding)]
-    spec *= 4
-    rows = []
-    for name, fn in memory.core_cases(LONG, platform=target.platform).items():
-        row = _deviceless.compile_program(target, fn, spec, _uses)
-        rows.append({"part": "core", "n": LONG, "case": name, **row})
-    dense = next(r for r in rows if r["case"] == "xla-dense")
-    for r in rows:
-        if r["compiled"] and dense["compiled"]:
-            r["temp_mb"] = r["temp_bytes"] / 2**20
-            r["of_dense"] = r["temp_bytes"] / dense["temp_bytes"]
-    return rows
-
-
-def _train_step():
-    """`eqattn train`'s DEQ training step with its defaults (digits, batch 64): (fn, args)."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    from . import training
-
-    name, model, train = next(c for c in training._configs(False) if c[0] == training.DEFAULTS)
-    x = jnp.zeros((64, 8, 8), jnp.float32)
-    y = jnp.asarray(np.arange(64) % 10, jnp.int32)
-    return training._step_case(model, train, x, y)
-
-
-def _implicit_gradient():
-    """The parameter gradient of an `ImplicitAttention` layer (width 64, 4 heads) on 16,384
-    tokens with the fused kernel."""
-    import equinox as eqx
-    import jax
-    import jax.numpy as jnp
-
-    import eqattn
-
-    layer = eqattn.nn.ImplicitAttention(64, 4, key=jax.random.key(0), implementation="pallas")
-    params, static = eqx.partition(layer, eqx.is_array)
-
-    def grad(params, x):
-        return jax.grad(lambda p: jnp.sum(eqx.combine(p, static)(x) ** 2))(params)
-
-    return grad, (params, jnp.zeros((LONG, 64), jnp.float32))
-
-
-def _attention_gradient():
-    """The parameter gradient of `MultiHeadAttention` (width 64, 4 heads, bfloat16, 4,096
-    tokens) with `implementation="auto"`: cuDNN where the program is compiled for a GPU."""
-    import equinox as eqx
-    import jax
-    import jax.numpy as jnp
-
-    import eqattn
-
-    mha = eqattn.nn.MultiHeadAttention(4, 64, key=jax.random.key(0), dtype=jnp.bfloat16)
-    params, static = eqx.partition(mha, eqx.is_array)
-
-    def grad(params, x):
-        def loss(p):
-            return jnp.sum(eqx.combine(p, static)(x, x).astype(jnp.float32) ** 2)
-
-        return jax.grad(loss)(params)
-
-    return grad, (params, jnp.zeros((4096, 64), jnp.bfloat16))
-
-
-PROGRAMS = {
-    "eqattn train step (digits defaults)": _train_step,
-    "ImplicitAttention gradient, 16384 tokens, pallas": _implicit_gradient,
-    "MultiHeadAttention gradient, bf16, auto": _attention_gradient,
-}
-
-
-RING_TOKENS, RING_DIM, RING_DTYPE = 65536, 64, "bfloat16"
-
-
-def _ring_rows(target) -> list[dict]:
-    """Causal ring attention's forward+backward on eight devices (65,536 tokens, bfloat16,
-    d = 64, batch x heads = 4), each pair of blocks by eqattn's core (`"auto"`) or the fused
-    kernel: per-device temporaries and the collectives in the compiled program."""
-    import collections
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    import eqattn.parallel as par
-
-    if target.ring_topology is None:
-        return []
-    devices = _deviceless.topology_devices(target, target.ring_topology)
-    mesh = Mesh(np.asarray(devices), ("seq",))
-    sharding = NamedSharding(mesh, PartitionSpec(None, "seq", None))
-    shape, dtype = (4, RING_TOKENS, RING_DIM), jnp.dtype(RING_DTYPE)
-    spec = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
-    def ops(text: str) -> dict:
-        ops = r" (collective-permute|all-gather|all-to-all)(?:-start)?\("
-        count = collections.Counter(re.findall(ops, text))
-        return {
-            "collective_permutes": count["collective-permute"],
-            "all_gathers": count["all-gather"] + count["all-to-all"],
-            **_uses(text),
-        }
-
-    rows = []
-    for implementation in ("auto", "pallas"):
-
-        def loss(q, k, v, implementation=implementation):
-            out, lse = par.ring_attention_with_lse(
-                q, k, v, mesh=mesh, axis="seq", causal=True, implementation=implementation
-            )
-            finite = jnp.where(jnp.isfinite(lse), lse, 0).astype(jnp.float32)
-            return jnp.sum(out.astype(jnp.float32)) + jnp.sum(finite)
-
-        fn = jax.grad(loss, argnums=(0, 1, 2))
-        row = _deviceless.compile_program(target, fn, [spec] * 3, ops)
-        case = f"ring, causal, {len(devices)} devices, {implementation}"
-        rows.append(
-            {"part": "ring", "case": case, "n": RING_TOKENS, "devices": len(devices), **row}
-        )
-    return rows
-
-
-# What `--check` compiles of them (a few minutes in all): the choice that follows the platform.
-CHECKED_PROGRAMS = ("MultiHeadAttention gradient, bf16, auto",)
-
-
-def _program_rows(target, sharding, check: bool = False) -> list[dict]:
-    rows = []
-    for name, build in PROGRAMS.items():
-        if check and name not in CHECKED_PROGRAMS:
-            continue
-        fn, args = build()
-        row = _deviceless.compile_program(target, fn, _deviceless.placed(args, sharding), _uses)
-        rows.append({"part": "program", "case": name, **row})
-    return rows
 
 
 def verdict(row: dict, target: _deviceless.Target) -> list[str]:
@@ -437,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="gate: exit 1 on any failure")
     parser.add_argument("--sweep", action="store_true", help="the tile sweep")
     parser.add_argument("--out", type=Path, help="results folder (default: benchmarks/results)")
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write into benchmarks/results from a tree with uncommitted changes (recorded)",
+    )
     args = parser.parse_args(argv)
     targets = args.target or (list(CHECKED) if args.check else list(_deviceless.TARGETS))
     if missing := missing_compilers(targets):
@@ -447,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mode = "sweep" if args.sweep else ("check" if args.check else "suite")
     out = args.out or (Path(tempfile.mkdtemp()) if args.check else RESULTS)
+    tree = tree_state(out, args.allow_dirty)  # refused before anything compiles
     out.mkdir(parents=True, exist_ok=True)
     prefix = "compile-sweep" if args.sweep else "compile"
     paths = {t: out / f"{prefix}-{t}.json" for t in targets}
@@ -462,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failures else 0
     for t in targets:
         if paths[t].exists():
-            payload = json.loads(paths[t].read_text())
+            payload = {**json.loads(paths[t].read_text()), "tree": tree}
+            paths[t].write_text(_dumps(payload))
             failures += _failures(payload)
             if args.out or not args.check:
                 print(f"wrote {paths[t]}")
@@ -481,7 +268,8 @@ def compiled_results(payload: dict, results: Path) -> dict[str, dict]:
     from . import memory as memory_suite
 
     target = payload["device"]["target"]
-    head = {k: payload[k] for k in ("date", "device", "versions", "git_commit", "compiled_on")}
+    keys = ("date", "device", "versions", "git_commit", "tree", "compiled_on")
+    head = {k: payload[k] for k in keys if k in payload}
     head["compiled"] = True
     keep = ("case", "n", "temp_mb", "of_dense", "compile_s")
     memory = [
@@ -565,3 +353,85 @@ if __name__ == "__main__":
         worker(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
     else:
         sys.exit(main())
+
+
+def _kernel_cells(rows, gpu: bool) -> list[str]:
+    """Per kernel (forward, dk/dv, dq): the worst figures over the configurations."""
+    cells = []
+    for name in ("forward", "dkdv", "dq"):
+        ks = [r["kernels"].get(f"eqattn_attention_{name}") for r in rows if r["compiled"]]
+        ks = [k for k in ks if k]
+        if not ks:
+            cells.append("")
+        elif gpu:
+            mma = "/".join(sorted({k.get("mma", "?") for k in ks}))
+            regs = max(k.get("registers", 0) for k in ks)
+            smem = max(k.get("shared_bytes", 0) for k in ks) / 1024
+            blocks = min(k.get("blocks_per_sm", 0) for k in ks)
+            cells.append(f"{regs} r, {smem:.0f} KB, {mma}, {blocks} b/SM")
+        else:
+            cells.append(f"{max(k['vmem_bytes'] for k in ks) / 2**20:.2f} MiB")
+    return cells
+
+
+def _program_cells(r: dict) -> list[str]:
+    if not r["compiled"]:
+        return ["no", "", ""]
+    path = "cuDNN" if r.get("cudnn") else "fused kernel" if r.get("pallas_kernels") else "XLA"
+    return ["yes", f"{r['temp_bytes'] / 2**20:.1f}", path]
+
+
+def table(payload) -> str:
+    """Per dtype and d: configurations compiled, refused, failed; the kernels' worst resources;
+    then the whole programs."""
+    gpu = payload["device"]["platform"] == "cuda"
+    rows = payload["rows"]
+    out = []
+    for key in dict.fromkeys((r["dtype"], r["d"]) for r in rows):
+        case = [r for r in rows if (r["dtype"], r["d"]) == key]
+        spills = max(
+            (
+                k.get("spill_stores", 0)
+                for r in case
+                if r["compiled"]
+                for k in r["kernels"].values()
+            ),
+            default=0,
+        )
+        out.append(
+            [
+                *key,
+                f"{sum(r['compiled'] for r in case)} / {len(case)}",
+                sum(bool(r.get("refused")) for r in case),
+                sum(bool(r["problems"]) for r in case),
+                *([spills] if gpu else []),
+                *_kernel_cells(case, gpu),
+            ]
+        )
+    resource = "registers, shared memory, MMA, blocks/SM" if gpu else "scoped VMEM"
+    header = ["dtype", "d", "compiled", "refused", "failing the check"]
+    header += ["spill bytes"] if gpu else []
+    header += [f"forward: {resource}", "dk, dv", "dq"]
+    text = markdown_table(header, out)
+    limit = payload["device"].get("vmem_limit")
+    shapes = sorted({(r["n"], r["m"], r["mask"]) for r in rows})
+    text += (
+        f"\n\nConfigurations per dtype and d: {len(shapes)} shapes and masks "
+        f"({'; '.join(f'{n} x {m} {mask}' for n, m, mask in shapes)}) x "
+        f"{len({r['pass'] for r in rows})} programs ({', '.join(sorted({r['pass'] for r in rows}))})"
+        + (f"; scoped VMEM limit {limit / 2**20:.0f} MiB." if limit else ".")
+    )
+    # The memory and ring rows print in those suites' tables (`compile.compiled_results`).
+    programs = [r for r in payload.get("programs", []) if r.get("part") == "program"]
+    if programs:
+        text += "\n\n" + markdown_table(
+            ["program", "compiled", "temporaries MB", "attention"],
+            [[r["case"], *_program_cells(r)] for r in programs],
+        )
+    control = payload["negative_control"]
+    verdict = "judged a failure" if control["problems"] else "NOT judged a failure"
+    why = " ".join(control["problems"][0].split())[:160] if control["problems"] else ""
+    if control.get("reported_vmem_limit"):
+        why += f" (the limit it names: {control['reported_vmem_limit'] / 2**20:g} MiB)"
+    text += f"\n\nNegative control (an oversized tiling): {verdict}: {why}"
+    return text

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import eqattn
 
 from . import _torch_sdpa
-from ._harness import copy_bandwidth, matmul_rate, print_table, time_interleaved
+from ._harness import copy_bandwidth, markdown_table, matmul_rate, print_table, time_interleaved
 
 HEADS, DIM = 8, 64
 
@@ -205,3 +205,54 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         "torch": torch_version,
     }
     return rows, extra
+
+
+# Columns beside eqattn's default pass, each where its results file has it.
+_CORE_EXTRA = (
+    ("eqattn-pallas", "eqattn pallas kernel ms (x xla)"),
+    ("eqattn.attention(auto)", "eqattn.attention, auto (cuDNN) ms (x xla)"),
+    ("cudnn", "cuDNN ms (x xla)"),
+    ("torch-sdpa-flash", "PyTorch SDPA flash ms (x xla)"),
+)
+
+
+def table(payload) -> str:
+    """The core results file as Markdown (the Benchmarks page's table)."""
+    rows = payload["rows"]
+    by = {(r.get("dtype", "float32"), r["n"], r["mode"], r["impl"]): r for r in rows}
+    present = {r["impl"] for r in rows}
+    extra = [(impl, header) for impl, header in _CORE_EXTRA if impl in present]
+
+    def cell(r):
+        return "" if r is None else f"{r['ms']:.3g} ({r['ratio_to_xla']:.2f}x)"
+
+    out = []
+    for (dtype, n, mode, impl), r in by.items():
+        if impl != "xla":
+            continue
+        ours = by[(dtype, n, mode, "eqattn")]
+        out.append(
+            [
+                dtype,
+                n,
+                mode,
+                f"{r['ms']:.3g}",
+                cell(ours),
+                f"{ours['frac_matmul']:.0%}",
+                f"{ours['frac_bandwidth']:.0%}" if "frac_bandwidth" in ours else "",
+            ]
+            + [cell(by.get((dtype, n, mode, name))) for name, _ in extra]
+        )
+    return markdown_table(
+        [
+            "dtype",
+            "n = m",
+            "mode",
+            "xla ms",
+            "eqattn ms (x xla)",
+            "eqattn % of matmul",
+            "eqattn % of bandwidth",
+        ]
+        + [header for _, header in extra],
+        out,
+    )

@@ -44,7 +44,7 @@ import numpy as np
 import eqattn
 
 from . import _torchdeq
-from ._harness import print_table, time_interleaved
+from ._harness import markdown_table, print_table, time_interleaved
 
 MAX_STEPS, FLOOR_STEPS = 60, 15
 
@@ -331,3 +331,55 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         "floor_steps": FLOOR_STEPS,
     }
     return rows, extra
+
+
+def _maybe(x, spec) -> str:
+    return "" if x is None else format(x, spec)
+
+
+def table(payload) -> str:
+    """One table per problem (P1; P2 where the file has it); failed cases with their error."""
+    tables = []
+    rows = payload["rows"]
+    groups = dict.fromkeys((r.get("problem", "P1"), r.get("dtype", "float32")) for r in rows)
+    for problem, dtype in groups:
+        part = [
+            r
+            for r in rows
+            if (r.get("problem", "P1"), r.get("dtype", "float32")) == (problem, dtype)
+        ]
+        table = markdown_table(
+            [
+                "method",
+                "steps",
+                "rel. residual",
+                "fwd ms",
+                "x baseline",
+                "x floor",
+                "fwd+bwd ms",
+                "x baseline",
+                "grad norm",
+            ],
+            [
+                [r["method"], *[""] * 7, f"failed: {r['error'].splitlines()[0][:80]}"]
+                if r.get("error")
+                else [
+                    r["method"],
+                    r["steps"],
+                    f"{r['relative_residual']:.1e}",
+                    f"{r['forward_ms']:.3g}",
+                    _maybe(r["forward_ratio"], ".2f"),
+                    f"{r['forward_over_floor']:.2f}",
+                    f"{r['forward_backward_ms']:.3g}",
+                    _maybe(r["forward_backward_ratio"], ".2f"),
+                    f"{r['grad_norm']:.2f}",
+                ]
+                for r in part
+            ],
+        )
+        if len(groups) > 1 or problem != "P1":
+            first = part[0]
+            size = f"B, N, D = {first.get('B')}, {first.get('N')}, {first.get('D')}"
+            table = f"{problem}, {dtype} ({size}):\n\n" + table
+        tables.append(table)
+    return "\n\n".join(tables)

@@ -22,7 +22,7 @@ import numpy as np
 
 from eqattn._attention._pallas import _attention, _mosaic, _triton
 
-from ._harness import print_table, time_interleaved
+from ._harness import markdown_table, print_table, time_interleaved
 
 HEADS = 8
 
@@ -177,4 +177,39 @@ def _name(blocks, mode: str) -> str:
     tiles += [] if mode == "forward" else [("dq ", blocks.dq)]
     return " ".join(
         f"{label}{t.block_q}x{t.block_k} w{t.num_warps} s{t.num_stages}" for label, t in tiles
+    )
+
+
+def table(payload) -> str:
+    """The fastest tiling of each case against the default one."""
+    rows = payload["rows"]
+    out = []
+    for key in dict.fromkeys((r["dtype"], r["d"], r["n"], r["mode"]) for r in rows):
+        case = [r for r in rows if (r["dtype"], r["d"], r["n"], r["mode"]) == key]
+        timed = [r for r in case if r.get("ms") is not None]
+        default = next((r for r in timed if r["tiling"] == "default"), None)
+        best = min(timed, key=lambda r: r["ms"]) if timed else None
+        out.append(
+            [
+                *key,
+                "" if default is None else f"{default['ms']:.3g}",
+                "" if best is None else best["tiling"],
+                "" if best is None else f"{best['ms']:.3g} ({best['ratio_to_default']:.2f}x)",
+                f"{max(r['rel_error'] for r in timed):.1e}" if timed else "",
+                f"{len(timed)} / {len(case)}",
+            ]
+        )
+    return markdown_table(
+        [
+            "dtype",
+            "d",
+            "n = m",
+            "mode",
+            "default ms",
+            "fastest tiling",
+            "its ms (x default)",
+            "max rel. error vs XLA",
+            "compiled / tried",
+        ],
+        out,
     )

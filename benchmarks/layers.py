@@ -23,7 +23,7 @@ import optax
 
 import eqattn
 
-from ._harness import print_table, time_interleaved
+from ._harness import markdown_table, print_table, time_interleaved
 
 BATCH, FEATURES, CLASSES = 16, 64, 10
 MB = 2**20
@@ -118,3 +118,32 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         ],
     )
     return rows, {"batch": BATCH, "features": FEATURES, "classes": CLASSES}
+
+
+def table(payload) -> str:
+    """The layers results file as Markdown (the Benchmarks page's table)."""
+    return markdown_table(
+        [
+            "tokens",
+            "model",
+            "params",
+            "step ms",
+            "x Transformer d=32 x4",
+            "tokens/s",
+            "temp MB",
+            "solver steps",
+        ],
+        [
+            [
+                r["n"],
+                r["model"],
+                r["params"],
+                f"{r['step_ms']:.3g}",
+                f"{r['ratio_to_baseline']:.2f}",
+                f"{r['tokens_per_s']:.3g}",
+                f"{r['temp_mb']:.1f}",
+                "" if r["solver_steps"] is None else f"{r['solver_steps']:.1f}",
+            ]
+            for r in payload["rows"]
+        ],
+    )

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 import eqattn
 
-from ._harness import in_fresh_process, print_table, time_interleaved
+from ._harness import in_fresh_process, markdown_table, print_table, time_interleaved
 
 BH, DIM = 4, 64
 MB = 2**20
@@ -264,3 +264,60 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             f"{long['peak_rss_mb']:.0f} MB, {long['step_s']:.1f} s"
         )
     return rows, {"batch_heads": BH, "dim": DIM}
+
+
+def _share(x: float) -> str:
+    """A percentage, with two significant figures below 0.1%."""
+    return f"{x:.1%}" if x >= 0.001 else f"{100 * x:.2g}%"
+
+
+def table(payload) -> str:
+    """The memory results file as Markdown (the Benchmarks page's table)."""
+    rows = payload["rows"]
+    core = [
+        r for r in rows if r["part"] == "core" and r["n"] == max(r["n"] for r in rows if "n" in r)
+    ]
+    t = {r["case"]: r for r in rows if r["part"] == "core-time"}
+    solver = [r for r in rows if r["part"] == "solver"]
+    long = [r for r in rows if r["part"] == "long-sequence"]
+    timed = [f"fwd+bwd ms at n = m = {next(iter(t.values()))['n']}"] if t else []
+    text = markdown_table(
+        [f"case (n = m = {core[0]['n']})", "temp MB", "of dense", *timed],
+        [
+            [r["case"], f"{r['temp_mb']:.1f}", _share(r["of_dense"])]
+            + ([f"{t[r['case']]['ms']:.3g}" if r["case"] in t else ""] if t else [])
+            for r in core
+        ],
+    )
+    if payload.get("compiled"):
+        text += (
+            f"\n\nCompiled, not run: the attention core's forward+backward "
+            f"(batch x heads = {payload['batch_heads']}, d = {payload['dim']}, "
+            f"{payload['dtype']}), temporaries from the compiled program."
+        )
+    steps = sorted({r["steps"] for r in solver})
+    text += (
+        ""
+        if not solver
+        else "\n\n"
+        + markdown_table(
+            ["backward"] + [f"{s} steps (MB)" for s in steps],
+            [
+                [case]
+                + [
+                    f"{next(r['temp_mb'] for r in solver if r['case'] == case and r['steps'] == s):.2f}"
+                    for s in steps
+                ]
+                for case in ("implicit", "unrolled")
+            ],
+        )
+    )
+    for r in long:
+        peak = r["device_peak_mb"] if r.get("device_peak_mb") else r["peak_rss_mb"]
+        where = "device peak" if r.get("device_peak_mb") else "process peak resident"
+        text += (
+            f"\n\nImplicitAttention training step on {r['tokens']} tokens (width {r['dim']}, "
+            f"{r['heads']} heads): {r['temp_mb']:.0f} MB temporary (compiled), {where} "
+            f"{peak:.0f} MB, {r['step_s']:.2f} s."
+        )
+    return text

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import eqattn
 import eqattn.parallel as par
 
-from ._harness import print_table, time_jitted
+from ._harness import markdown_table, print_table, time_jitted
 
 DIM = 64
 MARK = "ring-rows: "
@@ -184,3 +184,62 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
 
 if __name__ == "__main__":
     print(MARK + json.dumps(measure("--quick" in sys.argv)))
+
+
+def table(payload) -> str:
+    """The ring results file as Markdown (the Benchmarks page's table)."""
+    rows = payload["rows"]
+    memory = [r for r in rows if r["part"] == "memory"]
+    dtype = payload.get("dtype", "float32")
+    text = f"On {payload.get('devices', 'several devices')}, d = {payload.get('dim')}, {dtype}"
+    text += ", compiled, not run.\n\n" if payload.get("compiled") else ".\n\n"
+    share, key = (
+        ("of the causal ring on CPU", "of_cpu")
+        if payload.get("compiled")
+        else ("of one device", "of_one_device")
+    )
+    text += markdown_table(
+        [
+            f"forward+backward, n = m = {memory[0]['n']}",
+            "devices",
+            "temp MB per device",
+            share,
+            "collective permutes",
+            "all-gathers",
+        ],
+        [
+            [
+                r["case"],
+                r["devices"],
+                f"{r['temp_mb']:.1f}",
+                f"{r[key]:.3f}" if key in r else "",
+                r["collective_permutes"],
+                r["all_gathers"],
+            ]
+            for r in memory
+        ],
+    )
+    times = [r for r in rows if r["part"] == "time"]
+    text += (
+        ""
+        if not times
+        else "\n\n"
+        + markdown_table(
+            ["case", "n = m", "fwd+bwd ms", "us per token", "x one device", "causal / plain ring"],
+            [
+                [
+                    r["case"],
+                    r["n"],
+                    f"{r['ms']:.3g}",
+                    f"{r['us_per_token']:.3g}",
+                    f"{r['x_one_device']:.2f}",
+                    f"{r['of_plain_ring']:.2f}" if "of_plain_ring" in r else "",
+                ]
+                for r in times
+            ],
+        )
+    )
+    skipped = next((r["skipped_pairs"] for r in times if "skipped_pairs" in r), None)
+    if skipped is not None:
+        text += f"\n\nCausal: the zig-zag schedule skips {skipped:.1%} of the chunk pairs."
+    return text

@@ -20,7 +20,7 @@ import numpy as np
 import eqattn
 import eqattn.parallel
 
-from ._harness import print_table, time_jitted
+from ._harness import markdown_table, print_table, time_jitted
 from .layers import _step_fn, deq_model
 
 HEADS, DIM = 8, 64
@@ -141,3 +141,35 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     else:
         print("(one device: no multi-device rows)")
     return rows + device_rows, {"heads": HEADS, "dim": DIM}
+
+
+def table(payload) -> str:
+    """The scaling results file as Markdown (the Benchmarks page's table)."""
+    rows = payload["rows"]
+    fits = {}
+    for r in rows:
+        if r["part"] in ("batch", "sequence"):
+            fits[(r["part"], r["dtype"])] = (
+                r["fitted_exponent"],
+                r["n"] if r["part"] == "sequence" else r["batch"],
+            )
+    text = markdown_table(
+        ["sweep", "dtype", "fitted exponent of time (three largest sizes)", "largest size"],
+        [[p, d, f"{e:.2f}", s] for (p, d), (e, s) in fits.items()],
+    )
+    devices = [r for r in rows if r["part"] == "devices"]
+    if devices:
+        text += "\n\n" + markdown_table(
+            ["devices", "batch", "step ms", "examples/s", "x 1 device"],
+            [
+                [
+                    r["devices"],
+                    r["batch"],
+                    f"{r['ms']:.3g}",
+                    f"{r['examples_per_s']:.3g}",
+                    f"{r['speedup']:.2f}",
+                ]
+                for r in devices
+            ],
+        )
+    return text

@@ -34,18 +34,20 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import equinox as eqx
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 import eqattn
-from eqattn.train import TextTask, build_model, optimizer_of, text_configs, train
+from eqattn.train import text_configs, train
 
-from ._harness import External, in_fresh_process, print_table, time_interleaved
+from ._harness import (
+    in_fresh_process,
+    markdown_table,
+    print_table,
+    seeds_cell,
+)
+from ._text_speed import _context_rows, _generation_rows, _solver_rows
 
 MB = 2**20
 SEEDS = (0, 1, 2)
@@ -145,204 +147,6 @@ def _by_epoch(runs: list[dict], field: str) -> list[float]:
     return [statistics.mean(h[field] for h in hs) for hs in zip(*(r["history"] for r in runs))]
 
 
-def _step(model_config, config, batch):
-    """(the training step as a jittable function of arrays, its example arguments)."""
-    model = build_model(model_config, jax.random.key(0))
-    optimizer = optimizer_of(config, 1000)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    step = TextTask.train_step(model_config, config, optimizer)
-    params, static = eqx.partition(model, eqx.is_array)
-    context = model_config.context
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32)
-    labels = (jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32), jnp.ones(x.shape))
-
-    def run(params, opt_state, x, labels, key):
-        model, opt_state, loss, stats, _ = step(
-            eqx.combine(params, static), opt_state, x, labels, key, None
-        )
-        return eqx.filter(model, eqx.is_array), opt_state, loss, stats
-
-    return run, (params, opt_state, x, labels, jax.random.key(1))
-
-
-def _context_rows(contexts, tokens_per_step, repeats, size) -> list[dict]:
-    rows = []
-    for context in contexts:
-        batch = max(1, tokens_per_step // context)
-        cases = {}
-        for model in ("explicit", "deq"):
-            fn, args = _step(*text_configs(model, context=context, **size), batch)
-            cases[model] = (fn, *args)
-        timings = time_interleaved(cases, repeats=repeats)
-        for model, t in timings.items():
-            rows.append(
-                {
-                    "part": "context",
-                    "model": model,
-                    "context": context,
-                    "batch": batch,
-                    "temp_mb": t["temp_bytes"] / MB,
-                    "step_ms": 1e3 * t["median_s"],
-                    "ratio_to_explicit": t["median_s"] / timings["explicit"]["median_s"],
-                    "solver_steps": float(t["output"][3][1]),
-                }
-            )
-        jax.clear_caches()
-    return rows
-
-
-def _solver_rows(budgets, context, batch, repeats, size) -> list[dict]:
-    cases = {}
-    for steps in budgets:
-        model_config, config = text_configs(
-            "deq",
-            context=context,
-            rtol=1e-12,
-            max_steps=steps,
-            train_steps=steps,
-            adjoint="implicit",
-            **size,
-        )
-        fn, args = _step(model_config, config, batch)
-        cases[steps] = (fn, *args)
-    timings = time_interleaved(cases, repeats=repeats)
-    jax.clear_caches()
-    return [
-        {
-            "part": "solver",
-            "steps": steps,
-            "context": context,
-            "batch": batch,
-            "temp_mb": t["temp_bytes"] / MB,
-            "step_ms": 1e3 * t["median_s"],
-            "solver_steps": float(t["output"][3][1]),
-        }
-        for steps, t in timings.items()
-    ]
-
-
-def _generation_cases(model, prompt: int) -> dict[str, tuple]:
-    """name: (fn, *args) giving the logits of the token after `prompt` tokens and the solver
-    steps it took."""
-    params, static = eqx.partition(model, eqx.is_array)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, prompt + 1), jnp.int32)
-    _, cache, _ = eqx.filter_jit(eqattn.nn.prefill)(model, tokens[:prompt])
-
-    def cached(params, token, cache):
-        logits, _, step = eqattn.nn.extend(eqx.combine(params, static), token, cache)
-        return logits, step.steps
-
-    def rerun(params, tokens):  # the whole prefix again (the DEQ from zeros)
-        logits, _, step = eqattn.nn.prefill(eqx.combine(params, static), tokens)
-        return logits[-1], step.steps
-
-    cases = {"cached": (cached, params, tokens[prompt], cache), "re-run": (rerun, params, tokens)}
-    if isinstance(model, eqattn.nn.DEQTransformer):
-
-        def warm(params, tokens, z0):  # the prefix again, from its previous fixed points
-            m = eqx.combine(params, static)
-            z, eq = m.apply_blocks(m.embedding(tokens)[0], None, inference=True, z0=z0)
-            return m.readout(z)[-1], eq.steps
-
-        z = eqx.filter_jit(lambda m, t: m.apply_blocks(m.embedding(t)[0], None, inference=True))(
-            model, tokens[:prompt]
-        )[0]
-        cases["re-solve warm"] = (warm, params, tokens, jnp.concatenate([z, z[-1:]]))
-    return cases
-
-
-def _generate_cases(model, prompt: int, context: int) -> tuple[dict[str, tuple], dict]:
-    """`eqattn.text.generate` end to end after `prompt` bytes, for few and for many bytes (as
-    many as fit the context without a slide): the difference is the time of the bytes between."""
-    from eqattn import text
-
-    data = bytes(np.random.default_rng(0).integers(0, 256, prompt, dtype=np.uint8))
-    lengths = {"generate() few": 2, "generate() many": context - prompt - 1}
-    return {
-        mode: (External(lambda n=n: text.generate(model, data, n, temperature=1.0)),)
-        for mode, n in lengths.items()
-    }, lengths
-
-
-def _generate_row(prompt, model, timings, lengths, base) -> dict:
-    """The marginal time of a generated byte through `eqattn.text.generate`."""
-    few, many = (timings[(model, mode)]["median_s"] for mode in lengths)
-    s = (many - few) / (lengths["generate() many"] - lengths["generate() few"])
-    return {
-        "part": "generation",
-        "prompt": prompt,
-        "model": model,
-        "mode": "generate()",
-        "ms_per_token": 1e3 * s,
-        "tokens_per_s": 1 / s,
-        "of_deq_cached": s / base,
-        "solver_steps": None,
-    }
-
-
-def _generation_rows(prompts, context, repeats, size) -> list[dict]:
-    rows = []
-    for prompt in prompts:
-        cases = {}
-        for model in ("deq", "explicit"):
-            m = build_model(text_configs(model, context=context, **size)[0], jax.random.key(0))
-            for mode, case in _generation_cases(m, prompt).items():
-                cases[(model, mode)] = case
-            generate_cases, lengths = _generate_cases(m, prompt, context)
-            cases.update({(model, mode): case for mode, case in generate_cases.items()})
-        timings = time_interleaved(cases, repeats=repeats)
-        base = timings[("deq", "cached")]["median_s"]
-        for (model, mode), t in timings.items():
-            if mode in lengths:  # the end-to-end pair: one row below
-                continue
-            rows.append(
-                {
-                    "part": "generation",
-                    "prompt": prompt,
-                    "model": model,
-                    "mode": mode if model == "explicit" or mode != "re-run" else "re-solve cold",
-                    "ms_per_token": 1e3 * t["median_s"],
-                    "tokens_per_s": 1 / t["median_s"],
-                    "of_deq_cached": t["median_s"] / base,
-                    "solver_steps": int(t["output"][1]),
-                }
-            )
-        rows += [
-            _generate_row(prompt, name, timings, lengths, base) for name in ("deq", "explicit")
-        ]
-        jax.clear_caches()
-    return rows
-
-
-def context_step(context: int = 4096, batch: int = 16) -> dict:
-    """One DEQ training step of `eqattn train --task text --context CONTEXT` at its batch (run in
-    a fresh process by the suite, so the peak resident memory is this step's)."""
-    import resource
-
-    model_config, config = text_configs("deq", context=context, batch_size=batch)
-    fn, args = _step(model_config, config, batch)
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(compiled(*args))
-    stats = jax.devices()[0].memory_stats()  # an accelerator's allocator (None on a CPU)
-    device = {"device_peak_mb": stats["peak_bytes_in_use"] / MB} if stats else {}
-    return {
-        **device,
-        "part": "long-context",
-        "context": context,
-        "batch": batch,
-        "temp_mb": compiled.memory_analysis().temp_size_in_bytes / MB,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "step_s": time.perf_counter() - t0,
-        "compile_s": compile_s,
-        "solver_steps": float(out[3][1]),
-        "loss": float(out[2]),
-    }
-
-
 def _print_paired(paired) -> None:
     print(
         "paired runs (the command's text defaults, then the DEQ candidates; median over seeds "
@@ -419,7 +223,7 @@ def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
         rows += _generation_rows([256, 1024], context=1088, repeats=10, size={})
     _print(rows)
     if not quick:
-        long = in_fresh_process("benchmarks.text", "context_step")
+        long = in_fresh_process("benchmarks._text_speed", "context_step")
         rows.append(long)
         print(
             f"\n--context {long['context']} at batch {long['batch']}: one DEQ training step, "
@@ -434,3 +238,125 @@ def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
         "meets_target": rows[1]["meets_target"],
         "corpus": "eqattn/text (quick)" if quick else "the Python standard library (default)",
     }
+
+
+def _text_paired(payload) -> str:
+    """The text suite's paired runs (the defaults, then the candidates) and the target."""
+    rows = [r for r in payload["rows"] if r["part"] == "paired"]
+    if not rows:  # `--short`: no training runs
+        return ""
+    target = payload["target"]
+    paired = markdown_table(
+        [
+            "model",
+            "case",
+            "seeds",
+            "test bits per byte (per seed)",
+            "- explicit (median)",
+            "train s",
+            "x explicit",
+            "solver steps (test)",
+            "converged",
+            "params",
+            "step MB",
+        ],
+        [
+            [
+                r["model"],
+                r.get("case", "defaults"),
+                seeds_cell(r["seeds"]),
+                f"{r['bpb_mean']:.3f} ({', '.join(f'{b:.3f}' for b in r['test_bits_per_byte'])})",
+                f"{r['bpb_minus_explicit']:+.3f}",
+                f"{r['train_s']:.0f}",
+                f"{r['train_ratio_to_explicit']:.2f}",
+                "" if r["model"] == "explicit" else f"{r['test_solver_steps']:.1f}",
+                "" if r["model"] == "explicit" else f"{r['test_converged']:.0%}",
+                f"{r['params']:,}",
+                f"{r['step_temp_mb']:.1f}",
+            ]
+            for r in rows
+        ],
+    )
+    verdict = "met" if payload["meets_target"] else "not met"
+    paired += (
+        f"\n\nTarget (DEQ <= explicit + {target['bits_per_byte']} bits per byte at <= "
+        f"{target['time_ratio']}x its training time), at the defaults: **{verdict}**."
+    )
+    if rows[2:]:
+        met = [f"`{r['case']}`" for r in rows[2:] if r["meets_target"]]
+        paired += f" Candidates that meet it: {', '.join(met) or 'none'}."
+    return paired + _text_curves(rows)
+
+
+def _text_curves(rows) -> str:
+    """The paired runs' learning curves (results files from before they were recorded: none)."""
+    rows = [r for r in rows if "validation_bpb_by_epoch" in r]
+    if not rows:
+        return ""
+
+    def cells(r):
+        bpb = [f"{b:.3f}" for b in r["validation_bpb_by_epoch"]]
+        conv = r.get("train_converged_by_epoch")
+        return bpb if conv is None else [f"{b} ({c:.0%})" for b, c in zip(bpb, conv)]
+
+    epochs = len(rows[0]["validation_bpb_by_epoch"])
+    table = markdown_table(
+        ["model", "case", *(f"epoch {e}" for e in range(1, epochs + 1))],
+        [[r["model"], r.get("case", "defaults"), *cells(r)] for r in rows],
+    )
+    return (
+        "\n\nValidation bits per byte after each epoch, the mean over the seeds (in brackets, "
+        "the DEQ's training solves of that epoch that converged):\n\n" + table
+    )
+
+
+def table(payload) -> str:
+    """The paired runs (with the target), the training step against context and solver budget,
+    generation speed, and the long-context step's memory."""
+    part = lambda name: [r for r in payload["rows"] if r["part"] == name]  # noqa: E731
+    paired = _text_paired(payload)
+    context = markdown_table(
+        ["context", "model", "batch", "step memory MB", "step ms", "x explicit", "solver steps"],
+        [
+            [
+                r["context"],
+                r["model"],
+                r["batch"],
+                f"{r['temp_mb']:.1f}",
+                f"{r['step_ms']:.3g}",
+                f"{r['ratio_to_explicit']:.2f}",
+                "" if r["model"] == "explicit" else f"{r['solver_steps']:.1f}",
+            ]
+            for r in part("context")
+        ],
+    )
+    solver = markdown_table(
+        ["solver step budget", "step memory MB", "step ms"],
+        [[r["steps"], f"{r['temp_mb']:.1f}", f"{r['step_ms']:.3g}"] for r in part("solver")],
+    )
+    generation = markdown_table(
+        ["prompt", "model", "mode", "ms per token", "tokens/s", "x DEQ cached", "solver steps"],
+        [
+            [
+                r["prompt"],
+                r["model"],
+                r["mode"],
+                f"{r['ms_per_token']:.3g}",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['of_deq_cached']:.2f}",
+                "" if r["model"] == "explicit" or r["solver_steps"] is None else r["solver_steps"],
+            ]
+            for r in part("generation")
+        ],
+    )
+    out = "\n\n".join(t for t in [paired, context, solver, generation] if t)
+    for r in part("long-context"):
+        device = r.get("device_peak_mb")
+        out += (
+            f"\n\n`--context {r['context']}`, batch {r['batch']}: one DEQ training step, peak "
+            f"resident memory {r['peak_rss_mb']:.0f} MB ({r['temp_mb']:.0f} MB temporary, "
+            f"compiled"
+            + ("" if device is None else f"; the device's peak allocation {device:.0f} MB")
+            + f"), {r['step_s']:.1f} s."
+        )
+    return out

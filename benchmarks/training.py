@@ -51,7 +51,7 @@ import numpy as np
 from eqattn import data
 from eqattn.train import DigitsTask, ModelConfig, TrainConfig, build_model, optimizer_of, train
 
-from ._harness import print_table, time_interleaved
+from ._harness import markdown_table, print_table, seeds_cell, time_interleaved
 
 _EXPLICIT = dict(model="explicit")
 _PREVIOUS = dict(
@@ -254,3 +254,39 @@ def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
         "batch": 64,
         "data": "scikit-learn digits, 8 row tokens",
     }
+
+
+def table(payload) -> str:
+    """The training results file as Markdown (the Benchmarks page's table)."""
+    return markdown_table(
+        [
+            "case",
+            "seeds",
+            "test accuracy (mean; min-max over the seeds)",
+            "train s",
+            "x explicit",
+            "first step ms (x explicit)",
+            "solver steps (train / test)",
+            "converged (test)",
+            "step memory MB",
+        ],
+        [
+            [
+                r["case"].strip(),
+                seeds_cell(r.get("seeds", payload.get("seeds", []))),
+                f"{r['accuracy_mean']:.2%} ({r['accuracy_min']:.2%}-{r['accuracy_max']:.2%})",
+                f"{r['train_s']:.3g}",
+                # paired by seed where the file has it (older files: ratio of the medians)
+                f"{r.get('train_ratio_to_explicit', r['train_s'] / payload['rows'][0]['train_s']):.2f}",
+                f"{r['step_ms']:.3g} ({r['step_ratio_to_explicit']:.2f}x)",
+                ""
+                if r["model_config"].get("model") == "explicit"
+                else f"{r['train_solver_steps']:.1f} / {r['test_solver_steps']:.1f}",
+                ""
+                if r["model_config"].get("model") == "explicit"
+                else f"{r['test_converged']:.1%}",
+                "" if r["step_temp_mb"] is None else f"{r['step_temp_mb']:.1f}",
+            ]
+            for r in payload["rows"]
+        ],
+    )

@@ -33,7 +33,7 @@ def _benchmarks():
 
 def _results(report):
     """`(suite, path, payload)` of every full (not --quick) results file, in report order."""
-    for suite in report.SECTIONS:
+    for suite in report.SUITES:
         for path in report.result_paths(report.RESULTS, suite):
             payload = json.loads(path.read_text())
             if not payload["suite"].endswith("-quick"):
@@ -114,7 +114,7 @@ def on_page_markdown(markdown, page, **kwargs):
     parts = []
     for suite, path, payload in _results(report):
         parts.append(
-            f"### {suite}: {report._source(payload)}\n\n{report.SECTIONS[suite](payload)}\n"
+            f"### {suite}: {report.source_line(payload)}\n\n{report.table(suite, payload)}\n"
         )
         if plot.drawable(payload):
             # raw HTML: the plots are drawn into the built site (on_post_build), not the sources

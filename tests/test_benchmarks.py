@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.__main__ import SUITES
+from benchmarks.__main__ import SUITES, main
 from benchmarks.gpu import STEPS
 
 from .conftest import FAST_COMPILE
@@ -90,9 +90,9 @@ def _check_text(payload):
     # 2 and 7 bytes twice each, within the noise)
     assert all(np.isfinite(r["ms_per_token"]) for r in part("generation"))
     # the GPU command's `--short` run has no training runs: its report starts at the step table
-    from benchmarks.report import text
+    from benchmarks.text import table
 
-    short = text({**payload, "rows": [r for r in payload["rows"] if r["part"] != "paired"]})
+    short = table({**payload, "rows": [r for r in payload["rows"] if r["part"] != "paired"]})
     assert short.startswith("| context | model |") and "Target" not in short
 
 
@@ -180,3 +180,22 @@ def test_gpu_command_steps_resume_and_list(tmp_path):
     assert "2. kernel:" in listing and "[not done]" in listing
     bad = gpu("--step", "nine")
     assert bad.returncode != 0 and "no step 'nine'" in bad.stderr
+
+
+def test_results_name_the_tree_that_made_them(monkeypatch, tmp_path):
+    """Into the committed results folder, a tree with uncommitted changes to eqattn/ or
+    benchmarks/ is refused unless allowed, and the file then says so; elsewhere it is
+    recorded."""
+    from benchmarks import _harness
+
+    monkeypatch.delenv("EQATTN_COMMIT", raising=False)
+    monkeypatch.setattr(_harness, "uncommitted", lambda: ["eqattn/train/_trainer.py"])
+    with pytest.raises(SystemExit, match="uncommitted changes .*eqattn/train/_trainer.py"):
+        _harness.tree_state(_harness.RESULTS, allow_dirty=False)
+    assert _harness.tree_state(_harness.RESULTS, allow_dirty=True).startswith("uncommitted")
+    path = _harness.write_results(tmp_path, "x", [{"a": 1}])
+    assert json.loads(path.read_text())["tree"] == "uncommitted changes: eqattn/train/_trainer.py"
+    with pytest.raises(SystemExit):
+        main(["core", "--quick"])  # the default --out is the committed folder: refused at once
+    monkeypatch.setattr(_harness, "uncommitted", lambda: [])
+    assert _harness.tree_state(_harness.RESULTS, allow_dirty=False) == "clean"

@@ -1,0 +1,217 @@
+"""The text suite's speed measurements (see `benchmarks.text`): the training step against the
+context and the solver's budget, generation's time per token, and one step at context 4096 in a
+fresh process."""
+
+from __future__ import annotations
+
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import eqattn
+from eqattn.train import TextTask, build_model, optimizer_of, text_configs
+
+from ._harness import External, time_interleaved
+
+MB = 2**20
+
+
+def _step(model_config, config, batch):
+    """(the training step as a jittable function of arrays, its example arguments)."""
+    model = build_model(model_config, jax.random.key(0))
+    optimizer = optimizer_of(config, 1000)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    step = TextTask.train_step(model_config, config, optimizer)
+    params, static = eqx.partition(model, eqx.is_array)
+    context = model_config.context
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32)
+    labels = (jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32), jnp.ones(x.shape))
+
+    def run(params, opt_state, x, labels, key):
+        model, opt_state, loss, stats, _ = step(
+            eqx.combine(params, static), opt_state, x, labels, key, None
+        )
+        return eqx.filter(model, eqx.is_array), opt_state, loss, stats
+
+    return run, (params, opt_state, x, labels, jax.random.key(1))
+
+
+def _context_rows(contexts, tokens_per_step, repeats, size) -> list[dict]:
+    rows = []
+    for context in contexts:
+        batch = max(1, tokens_per_step // context)
+        cases = {}
+        for model in ("explicit", "deq"):
+            fn, args = _step(*text_configs(model, context=context, **size), batch)
+            cases[model] = (fn, *args)
+        timings = time_interleaved(cases, repeats=repeats)
+        for model, t in timings.items():
+            rows.append(
+                {
+                    "part": "context",
+                    "model": model,
+                    "context": context,
+                    "batch": batch,
+                    "temp_mb": t["temp_bytes"] / MB,
+                    "step_ms": 1e3 * t["median_s"],
+                    "ratio_to_explicit": t["median_s"] / timings["explicit"]["median_s"],
+                    "solver_steps": float(t["output"][3][1]),
+                }
+            )
+        jax.clear_caches()
+    return rows
+
+
+def _solver_rows(budgets, context, batch, repeats, size) -> list[dict]:
+    cases = {}
+    for steps in budgets:
+        model_config, config = text_configs(
+            "deq",
+            context=context,
+            rtol=1e-12,
+            max_steps=steps,
+            train_steps=steps,
+            adjoint="implicit",
+            **size,
+        )
+        fn, args = _step(model_config, config, batch)
+        cases[steps] = (fn, *args)
+    timings = time_interleaved(cases, repeats=repeats)
+    jax.clear_caches()
+    return [
+        {
+            "part": "solver",
+            "steps": steps,
+            "context": context,
+            "batch": batch,
+            "temp_mb": t["temp_bytes"] / MB,
+            "step_ms": 1e3 * t["median_s"],
+            "solver_steps": float(t["output"][3][1]),
+        }
+        for steps, t in timings.items()
+    ]
+
+
+def _generation_cases(model, prompt: int) -> dict[str, tuple]:
+    """name: (fn, *args) giving the logits of the token after `prompt` tokens and the solver
+    steps it took."""
+    params, static = eqx.partition(model, eqx.is_array)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, prompt + 1), jnp.int32)
+    _, cache, _ = eqx.filter_jit(eqattn.nn.prefill)(model, tokens[:prompt])
+
+    def cached(params, token, cache):
+        logits, _, step = eqattn.nn.extend(eqx.combine(params, static), token, cache)
+        return logits, step.steps
+
+    def rerun(params, tokens):  # the whole prefix again (the DEQ from zeros)
+        logits, _, step = eqattn.nn.prefill(eqx.combine(params, static), tokens)
+        return logits[-1], step.steps
+
+    cases = {"cached": (cached, params, tokens[prompt], cache), "re-run": (rerun, params, tokens)}
+    if isinstance(model, eqattn.nn.DEQTransformer):
+
+        def warm(params, tokens, z0):  # the prefix again, from its previous fixed points
+            m = eqx.combine(params, static)
+            z, eq = m.apply_blocks(m.embedding(tokens)[0], None, inference=True, z0=z0)
+            return m.readout(z)[-1], eq.steps
+
+        z = eqx.filter_jit(lambda m, t: m.apply_blocks(m.embedding(t)[0], None, inference=True))(
+            model, tokens[:prompt]
+        )[0]
+        cases["re-solve warm"] = (warm, params, tokens, jnp.concatenate([z, z[-1:]]))
+    return cases
+
+
+def _generate_cases(model, prompt: int, context: int) -> tuple[dict[str, tuple], dict]:
+    """`eqattn.text.generate` end to end after `prompt` bytes, for few and for many bytes (as
+    many as fit the context without a slide): the difference is the time of the bytes between."""
+    from eqattn import text
+
+    data = bytes(np.random.default_rng(0).integers(0, 256, prompt, dtype=np.uint8))
+    lengths = {"generate() few": 2, "generate() many": context - prompt - 1}
+    return {
+        mode: (External(lambda n=n: text.generate(model, data, n, temperature=1.0)),)
+        for mode, n in lengths.items()
+    }, lengths
+
+
+def _generate_row(prompt, model, timings, lengths, base) -> dict:
+    """The marginal time of a generated byte through `eqattn.text.generate`."""
+    few, many = (timings[(model, mode)]["median_s"] for mode in lengths)
+    s = (many - few) / (lengths["generate() many"] - lengths["generate() few"])
+    return {
+        "part": "generation",
+        "prompt": prompt,
+        "model": model,
+        "mode": "generate()",
+        "ms_per_token": 1e3 * s,
+        "tokens_per_s": 1 / s,
+        "of_deq_cached": s / base,
+        "solver_steps": None,
+    }
+
+
+def _generation_rows(prompts, context, repeats, size) -> list[dict]:
+    rows = []
+    for prompt in prompts:
+        cases = {}
+        for model in ("deq", "explicit"):
+            m = build_model(text_configs(model, context=context, **size)[0], jax.random.key(0))
+            for mode, case in _generation_cases(m, prompt).items():
+                cases[(model, mode)] = case
+            generate_cases, lengths = _generate_cases(m, prompt, context)
+            cases.update({(model, mode): case for mode, case in generate_cases.items()})
+        timings = time_interleaved(cases, repeats=repeats)
+        base = timings[("deq", "cached")]["median_s"]
+        for (model, mode), t in timings.items():
+            if mode in lengths:  # the end-to-end pair: one row below
+                continue
+            rows.append(
+                {
+                    "part": "generation",
+                    "prompt": prompt,
+                    "model": model,
+                    "mode": mode if model == "explicit" or mode != "re-run" else "re-solve cold",
+                    "ms_per_token": 1e3 * t["median_s"],
+                    "tokens_per_s": 1 / t["median_s"],
+                    "of_deq_cached": t["median_s"] / base,
+                    "solver_steps": int(t["output"][1]),
+                }
+            )
+        rows += [
+            _generate_row(prompt, name, timings, lengths, base) for name in ("deq", "explicit")
+        ]
+        jax.clear_caches()
+    return rows
+
+
+def context_step(context: int = 4096, batch: int = 16) -> dict:
+    """One DEQ training step of `eqattn train --task text --context CONTEXT` at its batch (run in
+    a fresh process by the suite, so the peak resident memory is this step's)."""
+    import resource
+
+    model_config, config = text_configs("deq", context=context, batch_size=batch)
+    fn, args = _step(model_config, config, batch)
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(compiled(*args))
+    stats = jax.devices()[0].memory_stats()  # an accelerator's allocator (None on a CPU)
+    device = {"device_peak_mb": stats["peak_bytes_in_use"] / MB} if stats else {}
+    return {
+        **device,
+        "part": "long-context",
+        "context": context,
+        "batch": batch,
+        "temp_mb": compiled.memory_analysis().temp_size_in_bytes / MB,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "step_s": time.perf_counter() - t0,
+        "compile_s": compile_s,
+        "solver_steps": float(out[3][1]),
+        "loss": float(out[2]),
+    }
