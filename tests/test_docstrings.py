@@ -11,8 +11,9 @@ import eqattn
 import eqattn.nn
 import eqattn.parallel
 import eqattn.text
+import eqattn.train
 
-MODULES = (eqattn, eqattn.nn, eqattn.parallel, eqattn.text)
+MODULES = (eqattn, eqattn.nn, eqattn.parallel, eqattn.text, eqattn.train)
 
 
 def _public():

@@ -127,7 +127,17 @@ def _resumable(out: Path, epochs: int | None) -> dict[str, Any]:
 
 class LoadedModel(NamedTuple):
     """A checkpoint's model, the configuration it was built from and the checkpoint's header
-    (format, eqattn version, epoch, the score at saving, the corpus's SHA-256 for text)."""
+    (format, eqattn version, epoch, the score at saving, the corpus's SHA-256 for text): what
+    [`load_model`][eqattn.train.load_model] returns; it unpacks as a tuple.
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    assert train.LoadedModel._fields == ("model", "config", "header")
+    ```
+    """
 
     model: eqx.Module
     config: ModelConfig
@@ -221,5 +231,15 @@ def configs(
 def text_configs(
     model: Literal["deq", "explicit"] = "deq", **fields
 ) -> tuple[ModelConfig, TrainConfig]:
-    """`configs("text", model, **fields)`: the text task's configurations."""
+    """`configs("text", model, **fields)`: the text task's configurations.
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    model_config, config = train.text_configs("explicit", context=64)
+    assert (model_config.task, model_config.context, config.lr) == ("text", 64, 1e-2)
+    ```
+    """
     return configs("text", model, **fields)

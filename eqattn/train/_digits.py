@@ -106,7 +106,18 @@ def _scores(model, x, labels, budget) -> dict[str, Any]:
 
 class DigitsTask(AbstractTask):
     """The scikit-learn digits: a fixed, stratified split of 1,437 training and 359 test
-    images; a DEQ transformer or its explicit baseline classifies the token sequence."""
+    images; a DEQ transformer or its explicit baseline classifies the token sequence.
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    task = train.DigitsTask(train.ModelConfig(tokens="patches"), train.TrainConfig(train_size=64))
+    x, y = task.example_batch()  # 64 images as 16 patches of 2 x 2
+    assert x.shape == (64, 16, 4) and task.model_config.num_tokens == 16
+    ```
+    """
 
     name = "digits"
     description = "classify the scikit-learn digits"

@@ -4,14 +4,47 @@ line: a `ConfigError` as a usage error, exit status 2; a `RunError` with exit st
 
 
 class ConfigError(ValueError):
-    """A bad setting: an option's value, or options that do not go together."""
+    """A bad setting: an option's value, or options that do not go together.
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    try:
+        train.TrainConfig(lr=-1.0)
+    except train.ConfigError as error:  # also a ValueError
+        assert str(error) == "--lr must be finite and > 0; got -1.0"
+    ```
+    """
 
 
 class RunError(RuntimeError):
     """A run that cannot go on: a missing or corrupt checkpoint, an unwritable directory, a loss
-    that turned NaN, a corpus that changed since the checkpoint was trained."""
+    that turned NaN, a corpus that changed since the checkpoint was trained.
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    try:
+        train.load_model("no/such/run")
+    except train.RunError as error:
+        assert str(error).startswith("checkpoint not found")
+    ```
+    """
 
 
 class Interrupted(KeyboardInterrupt):
     """Training stopped by Ctrl-C after saving the model as it stood (the message says where,
-    and how to resume)."""
+    and how to resume).
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    assert issubclass(train.Interrupted, KeyboardInterrupt)  # Ctrl-C, with the run saved
+    ```
+    """

@@ -69,9 +69,10 @@ Build = Callable[..., eqx.Module]
 
 
 def count_params(build: Build, config: ModelConfig, *, width=None, mlp_ratio=2.0) -> int:
-    """The parameters of `build(config, ...)`, counted from shapes (nothing is initialized)."""
+    """The parameters of `build(config, ...)` (an explicit model of `width` and `mlp_ratio` when
+    `width` is given), counted from shapes (nothing is initialized)."""
     shapes = eqx.filter_eval_shape(
-        lambda: build(config, jax.random.key(0), width=width or config.dim, mlp_ratio=mlp_ratio)
+        lambda: build(config, jax.random.key(0), width=width, mlp_ratio=mlp_ratio)
     )
     return sum(x.size for x in jax.tree.leaves(shapes) if isinstance(x, jax.ShapeDtypeStruct))
 

@@ -13,7 +13,21 @@ from ._config import TrainConfig
 
 
 def optimizer_of(config: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    """AdamW with warm-up and cosine decay (and gradient clipping) for `total_steps` steps."""
+    """AdamW with warm-up (the first 5% of the steps) and cosine decay to a hundredth of the
+    learning rate (and gradient clipping) over `total_steps` steps.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    from eqattn import train
+
+    optimizer = train.optimizer_of(train.TrainConfig(lr=1e-2), total_steps=100)
+    params = {"w": jnp.ones(3)}
+    updates, _ = optimizer.update({"w": jnp.ones(3)}, optimizer.init(params), params)
+    assert float(jnp.abs(updates["w"]).max()) == 0.0  # the warm-up starts from a rate of 0
+    ```
+    """
     warmup = max(1, total_steps // 20)
     # optax needs a decay phase after the warm-up, also for a run of one or two steps.
     schedule = optax.warmup_cosine_decay_schedule(

@@ -18,7 +18,17 @@ from ._placement import Placement
 class Headline(NamedTuple):
     """The metric scored after every epoch: its name in the metrics, its short name on the
     progress bar, its formats on the bar and in the per-epoch line, and whether higher is
-    better (the best checkpoint keeps the best epoch's model)."""
+    better (the best checkpoint keeps the best epoch's model).
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    headline = train.TextTask.headline
+    assert headline.metric == "validation_bits_per_byte" and not headline.higher_is_better
+    ```
+    """
 
     metric: str
     short: str

@@ -20,7 +20,16 @@ assert tuple(_TASKS) == TASKS, "ModelConfig's task names and the tasks disagree"
 
 
 def task_of(name: str) -> type[AbstractTask]:
-    """The task called `name` (`eqattn train --task NAME`)."""
+    """The task called `name` (`eqattn train --task NAME`).
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    assert train.task_of("text") is train.TextTask
+    ```
+    """
     try:
         return _TASKS[name]
     except KeyError:
@@ -28,7 +37,16 @@ def task_of(name: str) -> type[AbstractTask]:
 
 
 def tasks() -> dict[str, type[AbstractTask]]:
-    """Every task, by name."""
+    """Every task, by name.
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    assert list(train.tasks()) == ["digits", "text"]
+    ```
+    """
     return dict(_TASKS)
 
 
@@ -45,7 +63,7 @@ def build_model(
     from eqattn import train
 
     model = train.build_model(train.ModelConfig(model="explicit"), jax.random.key(0))
-    logits = model(jax.numpy.zeros((8, 8)))  # a digit's 8 rows of 8 pixels
+    logits = model(jax.numpy.zeros((8, 8)), inference=True)  # a digit's 8 rows of 8 pixels
     assert logits.shape == (10,)
     ```
     """
@@ -55,12 +73,34 @@ def build_model(
 
 def explicit_shape(config: ModelConfig) -> tuple[int, float]:
     """The explicit baseline's `(width, mlp_ratio)`: recorded, or matched to the DEQ's
-    parameters (within 5%; else a `ConfigError` naming both counts)."""
+    parameters (within 5%; else a `ConfigError` naming both counts).
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    config = train.ModelConfig(model="explicit")  # 4 blocks, the digits' DEQ's parameters
+    width, mlp_ratio = train.explicit_shape(config)
+    deq = train.count_params(train.ModelConfig())
+    assert abs(train.count_params(config) - deq) <= 0.05 * deq
+    ```
+    """
     return _models.explicit_shape(task_of(config.task).build_model, config)
 
 
 def count_params(config: ModelConfig) -> int:
-    """The parameters of the configuration's model."""
+    """The parameters of the configuration's model (counted from shapes: nothing is
+    initialized).
+
+    **Example:**
+
+    ```python
+    from eqattn import train
+
+    assert train.count_params(train.ModelConfig()) == 39_182  # the default digits DEQ
+    ```
+    """
     return _models.count_params(task_of(config.task).build_model, config)
 
 

@@ -199,7 +199,23 @@ class TextTask(AbstractTask):
     """Each epoch is `epoch_steps` optimizer steps on random windows of the training documents;
     after it, bits per byte on `VALIDATION_WINDOWS` validation windows; the metrics' test bits
     per byte score the whole test split when the run is done (not when Ctrl-C stops it, which
-    must end promptly: `eqattn evaluate` scores any checkpoint)."""
+    must end promptly: `eqattn evaluate` scores any checkpoint).
+
+    **Example:**
+
+    ```python
+    import pathlib, tempfile
+    from eqattn import train
+
+    folder = pathlib.Path(tempfile.mkdtemp())
+    for i in range(40):
+        (folder / f"{i}.txt").write_text(f"line {i}\\n" * 4)
+    model_config, config = train.text_configs("explicit", context=16, text=(str(folder),))
+    task = train.TextTask(model_config, config)
+    x, (targets, weights) = task.example_batch()  # 16 windows of 16 bytes
+    assert x.shape == targets.shape == (16, 16)
+    ```
+    """
 
     name = "text"
     description = "a causal byte-level language model on a corpus of files"

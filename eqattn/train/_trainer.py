@@ -51,7 +51,21 @@ class Trainer:
 
     `header`: a checkpoint's header to resume from (its training state is read from `out`);
     `clock`: `(time.perf_counter() at the run's start, seconds the process had run before)`,
-    for the wall time's split."""
+    for the wall time's split. [`train`][eqattn.train.train] runs one in a locked directory.
+
+    **Example:**
+
+    ```python
+    import pathlib, tempfile
+    from eqattn import train
+
+    task = train.DigitsTask(
+        train.ModelConfig(model="explicit", dim=16, heads=2), train.TrainConfig(epochs=1, train_size=32)
+    )
+    metrics = train.Trainer(task, pathlib.Path(tempfile.mkdtemp())).run(progress=False)
+    assert metrics["epochs_done"] == 1 and metrics["task"] == "digits"
+    ```
+    """
 
     def __init__(self, task: AbstractTask, out: Path, *, header=None, clock=None):
         self.task, self.model_config, self.config = task, task.model_config, task.config
