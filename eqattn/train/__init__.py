@@ -11,6 +11,8 @@ model, config, header = train.load_model("runs/digits")
 ```
 """
 
+from .._checkpoint import BEST as BEST, CHECKPOINT as CHECKPOINT
+from .._errors import ConfigError as ConfigError, Interrupted as Interrupted, RunError as RunError
 from ._api import (
     LoadedModel as LoadedModel,
     configs as configs,
@@ -19,7 +21,6 @@ from ._api import (
     text_configs as text_configs,
     train as train,
 )
-from ._checkpoint import BEST as BEST, CHECKPOINT as CHECKPOINT
 from ._config import (
     ADJOINTS as ADJOINTS,
     SOLVERS as SOLVERS,
@@ -27,7 +28,6 @@ from ._config import (
     TrainConfig as TrainConfig,
 )
 from ._digits import DigitsTask as DigitsTask
-from ._errors import ConfigError as ConfigError, Interrupted as Interrupted, RunError as RunError
 from ._retrieve import retrieve as retrieve
 from ._step import optimizer_of as optimizer_of
 from ._task import AbstractTask as AbstractTask, Headline as Headline

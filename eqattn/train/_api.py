@@ -12,9 +12,9 @@ from typing import Any, Literal, NamedTuple
 import equinox as eqx
 import jax
 
-from ._checkpoint import CHECKPOINT, load_checkpoint, read_header
+from .._checkpoint import CHECKPOINT, load_checkpoint, read_header
+from .._errors import ConfigError, RunError
 from ._config import ModelConfig, TrainConfig, split_fields
-from ._errors import ConfigError, RunError
 from ._evaluation import budgets, check_budgets
 from ._run import RunDirectory
 from ._tasks import build_model, config_of, task_of, with_shape

@@ -8,12 +8,12 @@ import dataclasses
 import math
 from typing import Any, Literal
 
-from ._errors import ConfigError
+from .._errors import ConfigError
+from .._solve._named import ADJOINTS as ADJOINTS, SOLVERS as _SOLVERS
 
 TASKS = ("digits", "text")
 """The tasks `eqattn train --task` knows (each an `AbstractTask` of `eqattn.train`)."""
-SOLVERS = ("anderson", "picard", "broyden")
-ADJOINTS = ("implicit", "phantom", "jacobian-free", "unrolled", "shared-inverse")
+SOLVERS = tuple(_SOLVERS)
 # A solve's budget counts evaluations of the map; the first one tests the starting point, so a
 # budget of 1 returns the start itself (zeros, or a warm start): a model whose output does not
 # depend on its input.

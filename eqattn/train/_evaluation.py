@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 
 def budgets(max_steps: int) -> list[int]:

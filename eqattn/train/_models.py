@@ -13,43 +13,29 @@ import jax
 import jax.numpy as jnp
 
 from .. import nn
-from .._solve import (
-    AbstractAdjoint,
-    AbstractFixedPointSolver,
-    Anderson,
-    Broyden,
-    ImplicitAdjoint,
-    JacobianFree,
-    Phantom,
-    Picard,
-    SharedInverse,
-    Unrolled,
-)
+from .._errors import ConfigError
+from .._solve._named import named_adjoint, named_solver
 from ._config import ModelConfig
-from ._errors import ConfigError
-
-_SOLVERS = {"anderson": Anderson, "picard": Picard, "broyden": Broyden}
 
 Prediction = nn.Prediction
 
 
-def solver_of(config: ModelConfig) -> AbstractFixedPointSolver:
+def solver_of(config: ModelConfig):
     """The DEQ's forward solver."""
-    return _SOLVERS[config.solver](rtol=config.rtol, max_steps=config.max_steps)
+    return named_solver(config.solver, rtol=config.rtol, max_steps=config.max_steps)
 
 
-def adjoint_of(config: ModelConfig) -> AbstractAdjoint:
+def adjoint_of(config: ModelConfig):
     """The DEQ's adjoint (how its fixed point is differentiated)."""
-    if config.adjoint == "implicit":
-        # A truncated backward solve (a training lever chosen by the `training` benchmark); an
-        # inexact one is accepted, as the layer's throw=False says.
-        steps = config.max_steps if config.backward_steps is None else config.backward_steps
-        return ImplicitAdjoint(_SOLVERS[config.backward_solver](rtol=config.rtol, max_steps=steps))
-    if config.adjoint == "shared-inverse":
-        return SharedInverse()
-    if config.adjoint == "phantom":
-        return Phantom(steps=config.phantom_steps, damping=config.phantom_damping)
-    return {"jacobian-free": JacobianFree(), "unrolled": Unrolled()}[config.adjoint]
+    return named_adjoint(
+        config.adjoint,
+        rtol=config.rtol,
+        max_steps=config.max_steps,
+        backward_solver=config.backward_solver,
+        backward_steps=config.backward_steps,
+        phantom_steps=config.phantom_steps,
+        phantom_damping=config.phantom_damping,
+    )
 
 
 def deq_options(config: ModelConfig) -> dict:

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from .._errors import ConfigError
 from ..parallel import data_mesh, replicate, shard_batch
-from ._errors import ConfigError
 
 
 class Placement:

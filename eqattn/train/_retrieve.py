@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import data
+from .._errors import ConfigError, RunError
+from .._files import atomic_write, writable_dir
 from .._hopfield import hopfield_update
-from ._errors import ConfigError, RunError
-from ._run import atomic_write, writable_dir
 
 BETAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import equinox as eqx
 
+from .._errors import ConfigError
 from . import _models
 from ._config import TASKS, ModelConfig
 from ._digits import DigitsTask
-from ._errors import ConfigError
 from ._task import AbstractTask
 from ._text import TextTask
 

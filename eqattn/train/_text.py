@@ -14,8 +14,8 @@ import numpy as np
 import optax
 
 from .. import nn, text
+from .._errors import ConfigError, RunError
 from ._config import ModelConfig
-from ._errors import ConfigError, RunError
 from ._evaluation import budget_sweep, progress_bar, sweep_note
 from ._models import deq_options, explicit_shape, predict
 from ._step import apply, penalties, probed

@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checkpoint import BEST, CHECKPOINT, load_train_state, save_checkpoint
-from ._errors import ConfigError, Interrupted, RunError
+from .._checkpoint import BEST, CHECKPOINT, load_train_state, save_checkpoint
+from .._errors import ConfigError, Interrupted, RunError
+from .._files import atomic_write, failpoint
 from ._evaluation import progress_bar
 from ._models import predict
 from ._placement import placement, saved_points
-from ._run import atomic_write, failpoint
 from ._step import optimizer_of
 from ._task import AbstractTask
 from ._tasks import applicable

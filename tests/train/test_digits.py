@@ -15,9 +15,9 @@ import eqattn
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
+from eqattn._checkpoint import read_header  # noqa: E402
 from eqattn.cli import main  # noqa: E402
 from eqattn.train import ConfigError, ModelConfig, explicit_shape, load_model  # noqa: E402
-from eqattn.train._checkpoint import read_header  # noqa: E402
 from eqattn.train._digits import shift_images  # noqa: E402
 from eqattn.train._models import adjoint_of  # noqa: E402
 

@@ -14,6 +14,7 @@ import pytest
 
 import eqattn.train
 from eqattn import text
+from eqattn._checkpoint import read_header
 from eqattn.cli import main
 from eqattn.train import (
     ModelConfig,
@@ -24,7 +25,6 @@ from eqattn.train import (
     load_model,
     text_configs,
 )
-from eqattn.train._checkpoint import read_header
 
 pytestmark = pytest.mark.float32
 ROOT = Path(__file__).parent.parent.parent

@@ -14,7 +14,7 @@ from typing import Any
 import equinox as eqx
 
 from ._errors import RunError
-from ._run import atomic_write
+from ._files import atomic_write
 
 FORMAT = "eqattn-checkpoint-2"
 _READABLE = ("eqattn-checkpoint-1", FORMAT)  # format 1: no checksum, no training state
@@ -45,7 +45,7 @@ def save_checkpoint(
 ) -> None:
     """Write `model`, its `config` and optionally a `train_state` pytree to `path`, durably and
     atomically (a partial file never replaces a good one)."""
-    from .. import __version__
+    from . import __version__
 
     model_bytes = _serialise(model)
     payload = model_bytes + (b"" if train_state is None else _serialise(train_state))
