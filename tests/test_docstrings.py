@@ -8,12 +8,13 @@ import jax
 import pytest
 
 import eqattn
+import eqattn.graphs
 import eqattn.nn
 import eqattn.parallel
 import eqattn.text
 import eqattn.train
 
-MODULES = (eqattn, eqattn.nn, eqattn.parallel, eqattn.text, eqattn.train)
+MODULES = (eqattn, eqattn.nn, eqattn.parallel, eqattn.text, eqattn.train, eqattn.graphs)
 
 
 def _public():

@@ -40,6 +40,18 @@ def _budgets(text: str) -> tuple[int, ...]:
     return values
 
 
+def _sizes(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two sizes LOW,HIGH, e.g. 8,16; got {text!r}")
+    return low, high
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def defaults(task: str, model: str) -> dict[str, Any]:
     """Every setting's default for `--task TASK --model MODEL`."""
     fields = {**dataclasses.asdict(ModelConfig()), **dataclasses.asdict(TrainConfig())}
@@ -56,9 +68,9 @@ def _default(name: str) -> str:
 
 
 def _label(name: str) -> str:
-    """`[task]` for a setting only one task reads."""
+    """`[task]` (or `[task, task]`) for a setting that only some tasks read."""
     owners = [task for task, cls in tasks().items() if name in cls.options]
-    return f"[{owners[0]}] " if len(owners) == 1 else ""
+    return f"[{', '.join(owners)}] " if owners else ""
 
 
 def _add(group, flag: str, help: str, **kwargs) -> None:
@@ -121,6 +133,14 @@ def _model_options(tr) -> None:
         type=str,
     )
     _add(tr, "--tokens", "8 rows of 8 pixels, or 16 patches of 2x2", choices=("rows", "patches"))
+    _add(
+        tr,
+        "--block",
+        "the block: norm-preserving propagation, or a transformer block",
+        choices=("propagation", "transformer"),
+    )
+    _add(tr, "--graph-sizes", "the training graphs' sizes: LOW,HIGH nodes", type=_sizes)
+    _add(tr, "--families", "the training graphs' families, comma-separated (all)", type=_names)
     _add(tr, "--dim", "width of the DEQ model")
     _add(tr, "--heads", "attention heads")
     _add(tr, "--depth", "explicit: blocks (its width matches the DEQ's parameters)")

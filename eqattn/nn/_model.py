@@ -30,7 +30,7 @@ class Prediction(NamedTuple):
     ```
     """
 
-    logits: Array
+    logits: Any  # an array, or a pytree of them (e.g. the graph models' two outputs)
     steps: Array
     residual: Array
     converged: Array

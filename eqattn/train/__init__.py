@@ -1,6 +1,6 @@
 """The training runtime behind `eqattn train | evaluate | retrieve`, as a library: the
 configurations, one [`Trainer`][eqattn.train.Trainer] over the tasks (each an
-[`AbstractTask`][eqattn.train.AbstractTask]: the digits, text), checkpoints and metrics, and
+[`AbstractTask`][eqattn.train.AbstractTask]: the digits, text, graphs), checkpoints and metrics, and
 evaluation at test-time solver budgets.
 
 ```python
@@ -28,6 +28,7 @@ from ._config import (
     TrainConfig as TrainConfig,
 )
 from ._digits import DigitsTask as DigitsTask
+from ._graphs import GraphTask as GraphTask
 from ._retrieve import retrieve as retrieve
 from ._step import optimizer_of as optimizer_of
 from ._task import AbstractTask as AbstractTask, Headline as Headline

@@ -15,7 +15,7 @@ import jax
 from .._checkpoint import CHECKPOINT, load_checkpoint, read_header
 from .._errors import ConfigError, RunError
 from ._config import ModelConfig, TrainConfig, split_fields
-from ._evaluation import budgets, check_budgets
+from ._evaluation import check_budgets
 from ._run import RunDirectory
 from ._tasks import build_model, config_of, task_of, with_shape
 from ._trainer import Trainer, process_age
@@ -197,11 +197,14 @@ def evaluate(
     print("\\n".join(train.task_of(result["task"]).evaluation_report(result)))
     ```
     """
-    _, header = read_header(checkpoint)
-    trained = int(header.get("config", {}).get("max_steps", 1))
-    steps = budgets(trained) if steps is None else check_budgets(steps)
-    model, config, header = load_model(checkpoint, max(max(steps), trained))
-    task = task_of(config.task)
+    path, header = read_header(checkpoint)
+    try:
+        recorded = ModelConfig.from_dict(header["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunError(f"checkpoint {str(path)!r} has an unusable configuration: {e}") from None
+    task = task_of(recorded.task)
+    steps = task.default_budgets(recorded) if steps is None else check_budgets(steps)
+    model, config, header = load_model(checkpoint, max([*(steps or []), recorded.max_steps]))
     result = task.evaluate(model, config, header, steps, progress)
     return dict(checkpoint=str(checkpoint), task=task.name, **result)
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from .._errors import ConfigError
 from .._solve._named import ADJOINTS as ADJOINTS, SOLVERS as _SOLVERS
 
-TASKS = ("digits", "text")
+TASKS = ("digits", "text", "graphs")
 """The tasks `eqattn train --task` knows (each an `AbstractTask` of `eqattn.train`)."""
 SOLVERS = tuple(_SOLVERS)
 # A solve's budget counts evaluations of the map; the first one tests the starting point, so a
@@ -99,6 +99,8 @@ class ModelConfig:
     # phantom adjoint: backprop through `phantom_steps` damped steps from the fixed point
     phantom_steps: int = 5
     phantom_damping: float = 1.0
+    # graphs: the kind of block (eqattn.graphs: "propagation" or "transformer")
+    block: str = "propagation"
     # the digits' token count and features per token (set from the data by the task)
     num_tokens: int = 8
     in_features: int = 8
@@ -110,6 +112,7 @@ class ModelConfig:
         _choice(self, "solver", SOLVERS)
         _choice(self, "adjoint", ADJOINTS)
         _choice(self, "backward_solver", SOLVERS)
+        _choice(self, "block", ("propagation", "transformer"))
         _at_least(self, ("context",), 2)
         _at_least(self, ("dim", "heads", "depth", "cell_depth", "phantom_steps"), 1)
         _at_least(self, ("stem_depth",), 0)
@@ -187,6 +190,9 @@ class TrainConfig:
     # checkpoint), and the corpus (files or folders; None: the Python standard library's source)
     epoch_steps: int = 100
     text: tuple[str, ...] | None = None
+    # graphs: the training graphs' sizes (nodes, both ends included) and families (None: all)
+    graph_sizes: tuple[int, int] = (8, 16)
+    families: tuple[str, ...] | None = None
 
     def __post_init__(self):
         _at_least(self, ("epochs", "batch_size", "epoch_steps"), 1)
@@ -205,6 +211,9 @@ class TrainConfig:
             )
         if not 0 < self.correction_decay <= 1:
             raise ConfigError(f"--correction-decay must be in (0, 1]; got {self.correction_decay}")
+        low, high = self.graph_sizes
+        if not 2 <= low <= high:
+            raise ConfigError(f"--graph-sizes must be two sizes 2 <= low <= high; got {low},{high}")
 
 
 def split_fields(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -46,7 +46,7 @@ def sweep_note(result: dict[str, Any]) -> list[str]:
     return [f"(every solve converged within {stop} steps: larger budgets give the same results)"]
 
 
-def progress_bar(total: int, desc: str, enabled: bool | None, unit: str = "batch"):
+def progress_bar(total: int | None, desc: str, enabled: bool | None, unit: str = "batch"):
     """A tqdm bar on stderr (`enabled` None: when stderr is a terminal)."""
     from tqdm.auto import tqdm
 

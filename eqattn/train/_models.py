@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Callable, Sequence
 
 import equinox as eqx
@@ -112,7 +113,14 @@ def _closest(count, target: int, heads: int, max_width: int, ratios) -> tuple[in
     return min(pairs, key=lambda wr: abs(count(*wr) - target))
 
 
-def predict(model: nn.AbstractTransformer, x, budget=None, key=None, z0=None) -> Prediction:
+@typing.runtime_checkable
+class Predictor(typing.Protocol):
+    """A model with `predict` (`eqattn.nn.AbstractTransformer`, the graph models)."""
+
+    def predict(self, x, *, budget=None, key=None, z0=None) -> Prediction: ...
+
+
+def predict(model: Predictor, x, budget=None, key=None, z0=None) -> Prediction:
     """One example's output and its solve's statistics (`model.predict`): `key` (training) draws
     dropout masks, without it the model runs in inference mode; `z0` warm-starts a DEQ's solve."""
     return model.predict(x, budget=budget, key=key, z0=z0)

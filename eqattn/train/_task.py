@@ -12,6 +12,7 @@ import equinox as eqx
 import numpy as np
 
 from ._config import ModelConfig, TrainConfig
+from ._evaluation import budgets
 from ._placement import Placement
 
 
@@ -141,13 +142,19 @@ class AbstractTask(abc.ABC):
         `train_time` seconds."""
 
     @classmethod
+    def default_budgets(cls, config: ModelConfig) -> list[int] | None:
+        """The solver budgets `eqattn evaluate` tries by default: 1, 2, 4, ... and twice the
+        trained one (None: the task chooses per example size)."""
+        return budgets(config.max_steps)
+
+    @classmethod
     @abc.abstractmethod
     def evaluate(
         cls,
         model: eqx.Module,
         config: ModelConfig,
         header: dict[str, Any],
-        budgets: list[int],
+        budgets: list[int] | None,
         progress: bool | None,
     ) -> dict[str, Any]:
         """`eqattn evaluate`: the test scores at the trained solver budget and, for a DEQ,

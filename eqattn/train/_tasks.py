@@ -12,10 +12,11 @@ from .._errors import ConfigError
 from . import _models
 from ._config import TASKS, ModelConfig
 from ._digits import DigitsTask
+from ._graphs import GraphTask
 from ._task import AbstractTask
 from ._text import TextTask
 
-_TASKS: dict[str, type[AbstractTask]] = {t.name: t for t in (DigitsTask, TextTask)}
+_TASKS: dict[str, type[AbstractTask]] = {t.name: t for t in (DigitsTask, TextTask, GraphTask)}
 assert tuple(_TASKS) == TASKS, "ModelConfig's task names and the tasks disagree"
 
 
@@ -44,7 +45,7 @@ def tasks() -> dict[str, type[AbstractTask]]:
     ```python
     from eqattn import train
 
-    assert list(train.tasks()) == ["digits", "text"]
+    assert list(train.tasks()) == ["digits", "text", "graphs"]
     ```
     """
     return dict(_TASKS)

@@ -1,0 +1,137 @@
+"""`eqattn evaluate` on a graphs run: every family at sizes up to 64 times the training sizes,
+accuracy against the solver's budget, and by distance from the source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import graphs
+from ._graph_data import examples
+from ._models import predict
+
+SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
+"""Nodes per graph, and how many graphs of each family are scored at that size."""
+LARGEST = ("path", "grid")
+"""The families scored at 1024 nodes too (a path's far end is 1023 edges from its source)."""
+SWEEP = (0.25, 0.5, 1.0, 4.0)
+"""The budgets a DEQ is scored at, as multiples of the rule (`graphs.budget_for`), up to 256
+nodes (at 1024, the rule alone)."""
+BUCKETS = ((0, 4), (5, 16), (17, 64), (65, 256), (257, 1024))
+"""Distances from the source, for the accuracy by distance (and the unreachable nodes)."""
+
+
+@eqx.filter_jit
+def _solve(model, inputs, budget):
+    p = jax.vmap(lambda x: predict(model, x, budget))(inputs)
+    reach, scores = p.logits
+    return reach > 0, jnp.argmax(scores, -1), p.steps, p.converged
+
+
+def _score(model, adjacency, source, budget) -> tuple[dict[str, Any], np.ndarray]:
+    """The shares of nodes with each answer right at `budget`, and per node whether both are."""
+    real = np.ones(adjacency.shape[:2], bool)
+    inputs, (reach, parents, _) = examples(adjacency, source, real, np.random.default_rng(7))
+    got, parent, steps, converged = jax.device_get(_solve(model, inputs, jnp.asarray(budget)))
+    right_reach = got == reach
+    right_parent = np.take_along_axis(parents, parent[..., None], -1)[..., 0]
+    both = right_reach & right_parent
+    row = dict(
+        max_steps=int(budget),
+        accuracy=float(both.mean()),
+        reach_accuracy=float(right_reach.mean()),
+        parent_accuracy=float(right_parent.mean()),
+        mean_steps=float(steps.mean()),
+        converged=float(converged.mean()),
+    )
+    return row, both
+
+
+def _by_distance(distance: np.ndarray, both: np.ndarray) -> dict[str, list[int]]:
+    """`{bucket: [nodes right, nodes]}` over the buckets of `BUCKETS` and "unreachable"."""
+    out = {"unreachable": [int(both[distance < 0].sum()), int((distance < 0).sum())]}
+    for low, high in BUCKETS:
+        inside = (distance >= low) & (distance <= high)
+        if inside.any():
+            out[f"{low}-{high}"] = [int(both[inside].sum()), int(inside.sum())]
+    return out
+
+
+def evaluate_sizes(model, config, budgets: list[int] | None, tick=None) -> list[dict[str, Any]]:
+    """One row per family and size: the graphs' largest distance, the scores at the budget rule
+    and (a DEQ, up to 256 nodes) against the budget (`budgets`, else `SWEEP` times the rule),
+    stopping at the first budget within which every solve converged, and the rule's scores by
+    distance from the source."""
+    rows = []
+    for n, count in SIZES.items():
+        for family in graphs.FAMILIES:
+            if n > 256 and family not in LARGEST:
+                continue
+            g = graphs.sample(family, n, count, seed=1000 + n)
+            _, distance = graphs.bfs(*g)
+            rule = graphs.budget_for(n)
+            at_rule, both = _score(model, g.adjacency, g.source, rule)
+            row = dict(family=family, n=n, graphs=count, max_distance=int(distance.max()))
+            row.update(budget_rule=rule, at_rule=at_rule, by_distance=_by_distance(distance, both))
+            if config.model == "deq" and n <= 256:
+                row["sweep"] = _sweep(model, g, budgets or [int(f * rule) for f in SWEEP])
+            rows.append(row)
+            if tick is not None:
+                tick()
+    return rows
+
+
+def _sweep(model, g, budgets: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for budget in sorted(set(budgets)):
+        rows.append(_score(model, g.adjacency, g.source, budget)[0])
+        if rows[-1]["converged"] >= 1.0:
+            break
+    return rows
+
+
+def distance_table(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The by-distance counts summed over every family and size."""
+    total: dict[str, list[int]] = {}
+    for row in rows:
+        for bucket, (right, nodes) in row["by_distance"].items():
+            kept = total.setdefault(bucket, [0, 0])
+            kept[0] += right
+            kept[1] += nodes
+    return total
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The lines `eqattn evaluate` prints of a graphs run."""
+    deq = result["model"] == "deq"
+    lines = [
+        f"graphs ({result['model']} model): reachability, the parent and both right, per family "
+        f"and size" + (f", at the solver budget rule {result['budget_rule']}" if deq else ""),
+        "family        nodes  graphs  max dist  budget  steps  converged  reachable  parent     both",
+    ]
+    deq = result["model"] == "deq"
+    for r in result["sizes"]:
+        a = r["at_rule"]
+        solve = (
+            f"{r['budget_rule']:>7} {a['mean_steps']:>6.0f} {a['converged']:>10.1%}"
+            if deq
+            else f"{'-':>7} {'-':>6} {'-':>10}"
+        )
+        lines.append(
+            f"{r['family']:<12} {r['n']:>6} {r['graphs']:>7} {r['max_distance']:>9} {solve} "
+            f"{a['reach_accuracy']:>10.2%} {a['parent_accuracy']:>7.2%} {a['accuracy']:>8.2%}"
+        )
+        if "sweep" in r and len(r["sweep"]) > 1:
+            cells = [f"{s['max_steps']}: {s['accuracy']:.1%}" for s in r["sweep"]]
+            done = r["sweep"][-1]["converged"] >= 1.0
+            lines.append(
+                "    against the budget: " + ", ".join(cells) + (" (all converged)" if done else "")
+            )
+    lines.append("by distance from the source (every family and size): distance, nodes, both right")
+    for bucket, (right, nodes) in result["by_distance"].items():
+        lines.append(f"  {bucket:>11} {nodes:>7} {right / max(nodes, 1):>9.2%}")
+    return lines

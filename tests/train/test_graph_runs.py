@@ -1,0 +1,91 @@
+"""`eqattn train --task graphs` and `eqattn evaluate` on its runs, as a user runs them: the DEQ
+trained on graphs of 8-16 nodes answers on graphs of 64 and more as the numpy BFS does; the
+explicit model of equal parameters cannot see beyond its depth."""
+
+import json
+
+import numpy as np
+import pytest
+
+from eqattn import graphs
+from eqattn.cli import main
+
+pytestmark = pytest.mark.float32
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A DEQ (the defaults, one epoch) and its explicit baseline."""
+    import jax
+
+    base = tmp_path_factory.mktemp("graphs")
+    with jax.enable_x64(False):  # a module fixture runs outside the tests' float32 marker
+        for model in ("deq", "explicit"):
+            argv = ["train", "--task", "graphs", "--model", model, "--epochs", "1"]
+            assert main([*argv, "--no-progress", "--out", str(base / model)]) == 0
+    return base
+
+
+def test_the_deq_answers_on_larger_graphs_as_bfs_does(runs):
+    metrics = json.loads((runs / "deq" / "metrics.json").read_text())
+    assert metrics["task"] == "graphs" and metrics["graph_sizes"] == [8, 16]
+    assert metrics["test_accuracy"] >= 0.99 and metrics["test_accuracy_at_64_nodes"] >= 0.99
+    model = graphs.load_model(runs / "deq")
+    for family, n in (("path", 100), ("grid", 150), ("erdos-renyi", 120)):
+        g = graphs.sample(family, n, 3, seed=11)
+        out = graphs.predict(model, g.adjacency, g.source)
+        reachable, distance = graphs.bfs(*g)
+        parents = graphs.valid_parents(g.adjacency, distance)
+        right = np.take_along_axis(parents, out.parent[..., None], -1)[..., 0]
+        assert (out.reachable == reachable).mean() >= 0.99, family
+        assert right.mean() >= 0.99 and out.converged.all(), family
+        assert (out.steps >= distance.max(-1)).all()  # a step per edge to the farthest node
+
+
+def test_the_explicit_model_has_the_deqs_parameters_and_sees_only_its_depth(runs, tmp_path):
+    deq, explicit = (
+        json.loads((runs / m / "metrics.json").read_text()) for m in ("deq", "explicit")
+    )
+    assert abs(explicit["params"] - deq["params"]) <= 0.05 * deq["params"]
+    assert explicit["model_shape"]["depth"] == 4
+    out = tmp_path / "e.json"
+    assert main(["evaluate", "--checkpoint", str(runs / "explicit"), "--json", str(out)]) == 0
+    far = json.loads(out.read_text())["by_distance"]["17-64"]
+    assert far[1] > 1000 and far[0] / far[1] < 0.1  # beyond its 4 blocks: lost
+
+
+def test_evaluate_reports_sizes_budgets_and_distances(runs, tmp_path, capsys):
+    out = tmp_path / "e.json"
+    assert main(["evaluate", "--checkpoint", str(runs / "deq"), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    sizes = {(r["family"], r["n"]) for r in result["sizes"]}
+    assert ("path", 1024) in sizes and ("grid", 1024) in sizes and ("tree", 1024) not in sizes
+    path = next(r for r in result["sizes"] if (r["family"], r["n"]) == ("path", 256))
+    sweep = path["sweep"]
+    assert sweep[0]["max_steps"] == 130 and sweep[0]["accuracy"] < 0.5  # a quarter of the rule
+    assert sweep[-1]["converged"] == 1.0 and sweep[-1]["accuracy"] >= 0.99
+    assert result["by_distance"]["257-1024"][1] > 0
+    assert "by distance from the source" in printed and "against the budget" in printed
+
+
+def test_graph_options_and_refusals(capsys, tmp_path):
+    def refused(*argv):
+        code = main(["train", "--task", "graphs", *argv, "--out", str(tmp_path / "x")])
+        return code, capsys.readouterr().err.strip()
+
+    for argv, message in [
+        (["--context", "8"], "--context is not for --task graphs"),
+        (["--graph-sizes", "1,4"], "--graph-sizes must be two sizes 2 <= low <= high"),
+        (["--families", "star"], "--families must be of path"),
+        (["--jacobian-weight", "0.1"], "--jacobian-weight is not for --task graphs"),
+    ]:
+        code, line = refused(*argv)
+        assert code == 2 and message in line and "\n" not in line, line
+    assert not (tmp_path / "x").exists()
+    # the generic transformer block runs too (its propagation decays: the guide measures it)
+    argv = ["--block", "transformer", "--dim", "16", "--heads", "2", "--epochs", "1"]
+    assert main(["train", "--task", "graphs", *argv, "--epoch-steps", "5", "--no-progress",
+                 "--out", str(tmp_path / "t")]) == 0  # fmt: skip
+    model = graphs.load_model(tmp_path / "t")
+    assert isinstance(model.head, graphs._model.TransformerHead)
