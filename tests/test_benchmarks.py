@@ -96,7 +96,30 @@ def _check_text(payload):
     assert short.startswith("| context | model |") and "Target" not in short
 
 
+def _check_graphs(payload):
+    """The DEQ answers right on every graph of the quick run's sizes; the explicit model does
+    not beyond its depth; the dynamics rows are there."""
+    runs = {r["case"]: r for r in payload["rows"] if r["part"] == "run"}
+    assert set(runs) == {
+        "deq propagation",
+        "explicit propagation",
+        "deq transformer",
+        "explicit transformer",
+    }
+    deq, explicit = runs["deq propagation"], runs["explicit propagation"]
+    assert abs(explicit["params"] - deq["params"]) <= 0.05 * deq["params"]
+    far = explicit["by_distance"]["17-64"]
+    assert far[0] < far[1]
+    dynamics = [r for r in payload["rows"] if r["part"] == "dynamics"]
+    assert {(r["family"], r["n"]) for r in dynamics} >= {("path", 64), ("grid", 16)}
+    assert all(s >= d for r in dynamics for s, d in zip(r["steps"], r["depth"]))
+    from benchmarks.graphs import table
+
+    assert table(payload).startswith("| family @ nodes |")
+
+
 CHECKS = {
+    "graphs": _check_graphs,
     "core": _check_core,
     "causal": _check_causal,
     "kernel": _check_kernel,

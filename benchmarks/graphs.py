@@ -1,0 +1,261 @@
+"""`graphs`: where the fixed point pays. `eqattn train --task graphs` trains on graphs of 8-16
+nodes; the DEQ and its explicit baseline (equal parameters, 4 untied blocks of the same kind)
+are then scored on every family at 16, 64 and 256 nodes, and paths and grids at 1024, graphs
+drawn with seeds no training run saw.
+
+1. Runs: both models with the command's defaults (the propagation block), seeds 0 to 2; and the
+   transformer block (`--block transformer --dim 64 --heads 4`), both models, seed 0: the
+   generic alternative, whose propagation decays. Per run: the share of nodes with both
+   answers right (reachability and a BFS parent) per family and size at the budget rule
+   (`graphs.budget_for`: 2 n + 8), and by distance from the source (`eqattn.train.evaluate`);
+   training time, parameters, the training step's compiled memory.
+2. Per DEQ run: solver steps against each graph's depth (the source's eccentricity); the answers
+   at four times the rule with the solver's stopping test off (rtol 0: every step runs), against
+   the rule's (no overthinking); and path independence: the fixed point from three random
+   starts (normal, the state's scale) against the one from zeros, as the share of nodes whose
+   answers agree and the asymptotic-alignment score of Anil et al. (2022): the cosine of the
+   two states, each graph's flattened, the mean over graphs.
+
+`--quick`: the propagation block alone, one seed, one epoch of 100 steps, the dynamics at 16
+and 64 nodes: it exercises the code only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqattn import Picard, graphs, train
+
+from ._harness import markdown_table, print_table, seeds_cell
+
+SEEDS = (0, 1, 2)
+SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
+STARTS = 3
+TRANSFORMER = dict(block="transformer", dim=64, heads=4)
+
+
+def _runs(quick: bool) -> list[tuple[str, str, dict, int]]:
+    """(case, model, settings, seed) of every training run."""
+    runs = [
+        (f"{model} propagation", model, {}, seed)
+        for seed in ((0,) if quick else SEEDS)
+        for model in ("deq", "explicit")
+    ]
+    if quick:
+        return runs
+    return runs + [(f"{m} transformer", m, TRANSFORMER, 0) for m in ("deq", "explicit")]
+
+
+def _train(model: str, settings: dict, seed: int, out: Path, quick: bool) -> dict:
+    extra = dict(epoch_steps=100, epochs=1) if quick else {}
+    model_config, config = train.configs("graphs", model, seed=seed, **settings, **extra)
+    return train.train(model_config, config, out, progress=False)
+
+
+def _graph_set(n: int, count: int, family: str):
+    g = graphs.sample(family, n, count, seed=2000 + n)
+    x = graphs.features(g.source, n, jax.random.key(n))
+    return g, x
+
+
+@eqx.filter_jit
+def _solve(model, x, adjacency, budget, z0):
+    p = jax.vmap(lambda f, a, z: model.predict((f, a), budget=budget, z0=z))(x, adjacency, z0)
+    reach, scores = p.logits
+    return reach > 0, jnp.argmax(scores, -1), p.steps, p.converged, p.fixed_point
+
+
+def _right(g, reach, parent):
+    reachable, distance = graphs.bfs(*g)
+    parents = graphs.valid_parents(g.adjacency, distance)
+    return (reach == reachable) & np.take_along_axis(parents, parent[..., None], -1)[..., 0]
+
+
+def _dynamics(model, sizes: dict[int, int]) -> list[dict]:
+    """Per family and size: steps against depth, no overthinking, path independence."""
+    rows = []
+    unstopped = eqx.tree_at(
+        lambda m: m.solver,
+        model,
+        Picard(rtol=0.0, atol=1e-30, max_steps=4 * graphs.budget_for(1024)),
+    )
+    for n, count in sizes.items():
+        for family in graphs.FAMILIES if n <= 256 else ("path", "grid"):
+            g, x = _graph_set(n, count, family)
+            rule, zeros = graphs.budget_for(n), jnp.zeros((count, n, model.block.first.shape[0]))
+            reach, parent, steps, converged, z = jax.device_get(
+                _solve(model, x, g.adjacency, rule, zeros)
+            )
+            right = _right(g, reach, parent)
+            long = jax.device_get(_solve(unstopped, x, g.adjacency, 4 * rule, zeros))
+            agree, align = [], []
+            for start in range(STARTS):
+                z0 = jax.random.normal(jax.random.key(100 + start), zeros.shape)
+                r2, p2, _, _, z2 = jax.device_get(_solve(model, x, g.adjacency, rule, z0))
+                agree.append(float(((r2 == reach) & (p2 == parent)).mean()))
+                flat, flat2 = z.reshape(count, -1), z2.reshape(count, -1)
+                cos = (flat * flat2).sum(-1) / np.maximum(
+                    np.linalg.norm(flat, axis=-1) * np.linalg.norm(flat2, axis=-1), 1e-12
+                )
+                align.append(float(cos.mean()))
+            _, distance = graphs.bfs(*g)
+            rows.append(
+                dict(
+                    family=family,
+                    n=n,
+                    depth=distance.max(-1).tolist(),
+                    steps=steps.tolist(),
+                    converged=float(converged.mean()),
+                    accuracy=float(right.mean()),
+                    accuracy_4x_unstopped=float(_right(g, long[0], long[1]).mean()),
+                    agreement_random_starts=min(agree),
+                    asymptotic_alignment=min(align),
+                )
+            )
+    return rows
+
+
+def _size_rows(evaluation: dict) -> dict[str, float]:
+    return {f"{r['family']}@{r['n']}": r["at_rule"]["accuracy"] for r in evaluation["sizes"]}
+
+
+def run(quick: bool = False) -> tuple[list[dict], dict]:
+    sizes = {16: 8, 64: 4} if quick else SIZES
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, model, settings, seed in _runs(quick):
+            out = Path(tmp) / f"{case}-{seed}".replace(" ", "-")
+            metrics = _train(model, settings, seed, out, quick)
+            t0 = time.perf_counter()
+            evaluation = train.evaluate(out, progress=False)
+            row = dict(
+                part="run",
+                case=case,
+                seed=seed,
+                params=metrics["params"],
+                train_time_s=metrics["train_time_s"],
+                evaluate_s=time.perf_counter() - t0,
+                step_temp_mb=metrics["step_temp_memory_mb"],
+                test_accuracy=metrics["test_accuracy"],
+                accuracy=_size_rows(evaluation),
+                by_distance=evaluation["by_distance"],
+            )
+            rows.append(row)
+            if model == "deq" and settings == {}:
+                dynamics = _dynamics(graphs.load_model(out), sizes)
+                rows += [dict(part="dynamics", case=case, seed=seed, **d) for d in dynamics]
+    _print(rows)
+    return rows, {"sizes": sizes, "seeds": [0] if quick else list(SEEDS), "starts": STARTS}
+
+
+def _median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def _cases(rows):
+    runs = [r for r in rows if r["part"] == "run"]
+    return {c: [r for r in runs if r["case"] == c] for c in dict.fromkeys(r["case"] for r in runs)}
+
+
+def _print(rows) -> None:
+    for case, runs in _cases(rows).items():
+        print(f"\n{case} ({len(runs)} seed(s)): both answers right at the budget rule")
+        keys = list(runs[0]["accuracy"])
+        table = [{"at": k, "acc": _median([r["accuracy"][k] for r in runs])} for k in keys]
+        print_table(table, [("at", "family@nodes", "s"), ("acc", "median", ".4f")])
+    dyn = [r for r in rows if r["part"] == "dynamics"]
+    print("\nDEQ dynamics (seed 0): steps - depth, 4x unstopped, random starts")
+    print_table(
+        [
+            dict(
+                at=f"{r['family']}@{r['n']}",
+                extra=max(s - d for s, d in zip(r["steps"], r["depth"])),
+                long=r["accuracy_4x_unstopped"],
+                agree=r["agreement_random_starts"],
+                align=r["asymptotic_alignment"],
+            )
+            for r in dyn
+            if r["seed"] == 0
+        ],
+        [
+            ("at", "family@nodes", "s"),
+            ("extra", "max steps - depth", "d"),
+            ("long", "4x unstopped", ".4f"),
+            ("agree", "random starts agree", ".4f"),
+            ("align", "alignment", ".3f"),
+        ],
+    )
+
+
+def _cell(values) -> str:
+    """Median (min-max) of shares, as percentages."""
+    low, mid, high = min(values), _median(values), max(values)
+    if low == high:
+        return f"{100 * mid:.2f}%"
+    return f"{100 * mid:.2f}% ({100 * low:.2f}-{100 * high:.2f})"
+
+
+def table(payload) -> str:
+    """The graphs results file as Markdown: accuracy per family and size by case (median over
+    the seeds, min-max), accuracy by distance, and the DEQ's dynamics."""
+    rows = payload["rows"]
+    cases = _cases(rows)
+    keys = list(next(iter(cases.values()))[0]["accuracy"])
+    header = [
+        "family @ nodes",
+        *[f"{c} ({seeds_cell([r['seed'] for r in rs])})" for c, rs in cases.items()],
+    ]
+    body = [[k, *[_cell([r["accuracy"][k] for r in rs]) for rs in cases.values()]] for k in keys]
+    out = markdown_table(header, body)
+    buckets = list(next(iter(cases.values()))[0]["by_distance"])
+    body = [
+        [
+            b,
+            *[
+                _cell([r["by_distance"][b][0] / max(r["by_distance"][b][1], 1) for r in rs])
+                for rs in cases.values()
+            ],
+        ]
+        for b in buckets
+    ]
+    out += "\n\n" + markdown_table(["distance from the source", *header[1:]], body)
+    body = [
+        [c, f"{_median([r['params'] for r in rs]):,.0f}", f"{_median([r['train_time_s'] for r in rs]):.1f}",
+         f"{_median([r['evaluate_s'] for r in rs]):.1f}", f"{_median([r['step_temp_mb'] for r in rs]):.2f}"]
+        for c, rs in cases.items()
+    ]  # fmt: skip
+    out += "\n\n" + markdown_table(
+        ["case", "params", "training s", "evaluation s", "train-step MB"], body
+    )
+    dyn = [r for r in rows if r["part"] == "dynamics"]
+    if dyn:
+        body = []
+        for key in dict.fromkeys(f"{r['family']}@{r['n']}" for r in dyn):
+            rs = [r for r in dyn if f"{r['family']}@{r['n']}" == key]
+            extra = max(max(s - d for s, d in zip(r["steps"], r["depth"])) for r in rs)
+            body.append(
+                [key, f"{_median([max(r['depth']) for r in rs]):.0f}", f"{extra}",
+                 _cell([r["accuracy_4x_unstopped"] for r in rs]),
+                 _cell([r["agreement_random_starts"] for r in rs]),
+                 f"{min(r['asymptotic_alignment'] for r in rs):.3f}"]
+            )  # fmt: skip
+        out += "\n\n" + markdown_table(
+            [
+                "DEQ: family @ nodes",
+                "max depth",
+                "max steps - depth",
+                "4x budget, no stop",
+                "random starts agree",
+                "alignment (min)",
+            ],
+            body,
+        )
+    return out
