@@ -103,8 +103,6 @@ def _check_graphs(payload):
     assert set(runs) == {
         "deq propagation",
         "explicit propagation",
-        "deq transformer",
-        "explicit transformer",
     }
     deq, explicit = runs["deq propagation"], runs["explicit propagation"]
     assert abs(explicit["params"] - deq["params"]) <= 0.05 * deq["params"]
