@@ -164,17 +164,16 @@ def versions() -> dict[str, str]:
 def git_commit() -> str | None:
     """`EQATTN_COMMIT` from the environment where it is set (a copy of the tree on another
     machine, whose repository, if any, may be stale); else the checkout's commit, with "-dirty"
-    when tracked files differ from it."""
+    when files of `eqattn/` or `benchmarks/` differ from it (`uncommitted`)."""
     if os.environ.get("EQATTN_COMMIT"):
         return os.environ["EQATTN_COMMIT"][:7]
     try:
-        run = lambda *a: subprocess.run(  # noqa: E731
-            ["git", *a], capture_output=True, text=True, check=True
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
-        commit = run("rev-parse", "--short", "HEAD")
-        return commit + ("-dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
         return None
+    return commit + ("-dirty" if uncommitted() else "")
 
 
 def uncommitted() -> list[str] | None:

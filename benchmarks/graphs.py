@@ -4,7 +4,7 @@ are then scored on every family at 16, 64 and 256 nodes, and paths and grids at 
 drawn with seeds no training run saw.
 
 1. Runs: both models with the command's defaults (the propagation block), seeds 0 to 2; and the
-   transformer block (`--block transformer --dim 64 --heads 4`), both models, seed 0: the
+   transformer block (`--block transformer --dim 64 --heads 4 --lr 3e-3`), both models, seed 0: the
    generic alternative, whose propagation decays. Per run: the share of nodes with both
    answers right (reachability and a BFS parent) per family and size at the budget rule
    (`graphs.budget_for`: 2 n + 8), and by distance from the source (`eqattn.train.evaluate`);
@@ -39,7 +39,7 @@ from ._harness import markdown_table, print_table, seeds_cell
 SEEDS = (0, 1, 2)
 SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
 STARTS = 3
-TRANSFORMER = dict(block="transformer", dim=64, heads=4)
+TRANSFORMER = dict(block="transformer", dim=64, heads=4, lr=3e-3)
 
 
 def _runs(quick: bool) -> list[tuple[str, str, dict, int]]:
