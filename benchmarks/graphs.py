@@ -1,7 +1,7 @@
 """`graphs`: where the fixed point pays. `eqattn train --task graphs` trains on graphs of 8-16
-nodes; the DEQ and its explicit baseline (equal parameters, 4 untied blocks of the same kind)
-are then scored on every family at 16, 64 and 256 nodes, and paths and grids at 1024, graphs
-drawn with seeds no training run saw.
+nodes; the DEQ and its explicit baseline (equal parameters, 16 untied blocks of the same kind:
+as many as the training graphs' longest distance needs) are then scored on every family at 16,
+64 and 256 nodes, and paths and grids at 1024, graphs drawn with seeds no training run saw.
 
 1. Runs: both models with the command's defaults (the propagation block), seeds 0 to 2; and the
    transformer block (`--block transformer --dim 64 --heads 4 --lr 3e-3`), both models, seed 0: the

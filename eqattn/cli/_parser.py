@@ -58,11 +58,10 @@ def defaults(task: str, model: str) -> dict[str, Any]:
     return {**fields, **tasks()[task].settings(model)}
 
 
-def _default(name: str) -> str:
-    """`name`'s default, per task where the tasks' differ (the DEQ's, where the models' do)."""
-    by_task = {task: defaults(task, "deq")[name] for task in tasks()}
-    values = set(map(repr, by_task.values()))
-    if len(values) == 1:
+def _default(name: str, model: str = "deq") -> str:
+    """`name`'s default for `model`, per task where the tasks' differ."""
+    by_task = {task: defaults(task, model)[name] for task in tasks()}
+    if len(set(map(repr, by_task.values()))) == 1:
         return f"default: {next(iter(by_task.values()))}"
     return "default: " + ", ".join(f"{v} for {task}" for task, v in by_task.items())
 
@@ -79,7 +78,7 @@ def _add(group, flag: str, help: str, **kwargs) -> None:
     name = flag[2:].replace("-", "_")
     if kwargs.get("action") is None:
         kwargs.setdefault("type", type(defaults("digits", "deq")[name]))
-    stated = _default(name)
+    stated = _default(name, "explicit" if help.startswith("explicit:") else "deq")
     text = f"{_label(name)}{help}" + ("" if stated.endswith("None") else f" ({stated})")
     group.add_argument(flag, default=None, help=text, **kwargs)
 

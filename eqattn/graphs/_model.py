@@ -51,9 +51,11 @@ def norm(z: Float[Array, "*batch d"]) -> Float[Array, "*batch"]:
 
 
 def normalize(z: Float[Array, "*batch d"]) -> Float[Array, "*batch d"]:
-    """Each row at unit length; a (numerically) zero row stays zero."""
+    """Each row at unit length; a (numerically) zero row stays zero, with a zero gradient (not
+    `1 / sqrt(eps)`: through a stack of blocks that would overflow)."""
     squared = jnp.sum(z * z, axis=-1, keepdims=True)
-    return z * jax.lax.rsqrt(jnp.maximum(squared, 1e-12))
+    live = squared > 1e-12
+    return jnp.where(live, z * jax.lax.rsqrt(jnp.where(live, squared, 1.0)), 0.0)
 
 
 class Propagation(eqx.Module):

@@ -78,10 +78,7 @@ def train(
     if resume:
         header = _resumable(out, epochs)
         model_config = config_of(header["config"])
-        saved = dict(header["resume"]["train_config"])
-        if saved.get("text") is not None:  # a JSON list
-            saved["text"] = tuple(saved["text"])
-        config = TrainConfig(**saved)
+        config = TrainConfig.from_dict(header["resume"]["train_config"])
         if epochs is not None:
             config = dataclasses.replace(config, epochs=epochs)
     else:

@@ -215,6 +215,11 @@ class TrainConfig:
         if not 2 <= low <= high:
             raise ConfigError(f"--graph-sizes must be two sizes 2 <= low <= high; got {low},{high}")
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """The configuration a checkpoint's header records (JSON: its lists back to tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
 
 def split_fields(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """`values` split into `ModelConfig`'s fields and `TrainConfig`'s; a key that is neither's is

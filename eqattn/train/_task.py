@@ -67,6 +67,7 @@ class AbstractTask(abc.ABC):
     options: ClassVar[frozenset[str]] = frozenset()
     defaults: ClassVar[Mapping[str, Any]] = {}
     deq_defaults: ClassVar[Mapping[str, Any]] = {}
+    explicit_defaults: ClassVar[Mapping[str, Any]] = {}
     score: ClassVar[str]
     bar_name: ClassVar[str]
     headline: ClassVar[Headline]
@@ -95,7 +96,8 @@ class AbstractTask(abc.ABC):
     @classmethod
     def settings(cls, model: str) -> dict[str, Any]:
         """This task's defaults for `--model MODEL` that are not the dataclasses'."""
-        return {**cls.defaults, **(cls.deq_defaults if model == "deq" else {})}
+        own = cls.deq_defaults if model == "deq" else cls.explicit_defaults
+        return {**cls.defaults, **own}
 
     @classmethod
     @abc.abstractmethod

@@ -47,11 +47,11 @@ def test_the_explicit_model_has_the_deqs_parameters_and_sees_only_its_depth(runs
         json.loads((runs / m / "metrics.json").read_text()) for m in ("deq", "explicit")
     )
     assert abs(explicit["params"] - deq["params"]) <= 0.05 * deq["params"]
-    assert explicit["model_shape"]["depth"] == 4
+    assert explicit["model_shape"]["depth"] == 16  # the training graphs' longest distance + 1
     out = tmp_path / "e.json"
     assert main(["evaluate", "--checkpoint", str(runs / "explicit"), "--json", str(out)]) == 0
     far = json.loads(out.read_text())["by_distance"]["17-64"]
-    assert far[1] > 1000 and far[0] / far[1] < 0.1  # beyond its 4 blocks: lost
+    assert far[1] > 1000 and far[0] / far[1] < 0.1  # beyond its 16 blocks: lost
 
 
 def test_evaluate_reports_sizes_budgets_and_distances(runs, tmp_path, capsys):
