@@ -221,6 +221,39 @@ def _text(fig, rows):
     )
 
 
+def _graphs(fig, rows):
+    axes = fig.subplots(1, 3)
+    runs = [r for r in rows if r["part"] == "run" and r["seed"] == 0]
+    by_size = defaultdict(list)
+    for r in runs:
+        for key, value in r["accuracy"].items():
+            family, n = key.split("@")
+            if family == "path":
+                by_size[r["case"]].append((int(n), 100 * value))
+    _lines(axes[0], by_size, "nodes (paths)", "both answers right (%)", "seed 0", logy=False)
+    buckets = list(runs[0]["by_distance"]) if runs else []
+    for r in runs:
+        shares = [100 * right / max(total, 1) for right, total in r["by_distance"].values()]
+        axes[1].plot(range(len(shares)), shares, marker="o", label=r["case"])
+    axes[1].set_xticks(range(len(buckets)), buckets, fontsize=7)
+    axes[1].set(xlabel="distance from the source", ylabel="both right (%)", title="by distance")
+    axes[1].grid(True, alpha=0.3)
+    axes[1].legend(fontsize=7)
+    dynamics = [r for r in rows if r["part"] == "dynamics" and r["seed"] == 0]
+    for family in sorted({r["family"] for r in dynamics}):
+        points = [
+            (d, s)
+            for r in dynamics
+            if r["family"] == family
+            for d, s in zip(r["depth"], r["steps"])
+        ]
+        axes[2].scatter(*zip(*points), s=8, label=family)
+    axes[2].set(xlabel="depth (source's eccentricity)", ylabel="DEQ solver steps", title="steps")
+    axes[2].set(xscale="log", yscale="log")
+    axes[2].grid(True, alpha=0.3)
+    axes[2].legend(fontsize=7)
+
+
 PLOTS = {
     "core": _core,
     "causal": _causal,
@@ -233,6 +266,7 @@ PLOTS = {
     "deq": _deq,
     "closure": _closure,
     "text": _text,
+    "graphs": _graphs,
 }
 
 
