@@ -11,7 +11,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from ._harness import device_description, tree_state, write_results
+from ._harness import device_description, git_commit, tree_state, write_results
 
 SUITES = (
     "core",
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         "benchmarks/ (refused otherwise; the results file records them)",
     )
     args = parser.parse_args(argv)
-    tree_state(args.out, args.allow_dirty)  # refused before anything runs
+    # refused before anything runs; the files record the tree that ran, not one edited since
+    started = (git_commit(), tree_state(args.out, args.allow_dirty))
     dev = device_description()
     print(f"device: {dev['device_kind']} ({dev['platform']}, {dev['device_count']} device(s))")
     for suite in args.suites or SUITES:
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
             options["short"] = True
         rows, extra = module.run(**options)
         name = f"{suite}-quick" if args.quick else f"{suite}-short" if "short" in options else suite
-        written = write_results(args.out, name, rows, extra, allow_dirty=args.allow_dirty)
+        written = write_results(
+            args.out, name, rows, extra, allow_dirty=args.allow_dirty, started=started
+        )
         print(f"wrote {written}")
 
 

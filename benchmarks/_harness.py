@@ -223,10 +223,13 @@ def write_results(
     extra: dict | None = None,
     *,
     allow_dirty: bool = False,
+    started: tuple[str | None, str] | None = None,
 ) -> Path:
     """The suite's rows and `extra` as `<suite>-<platform>-<device>.json` in `out_dir`, with
-    the device, versions, date, commit and the tree's state (see `tree_state`)."""
-    tree = tree_state(out_dir, allow_dirty)
+    the device, versions, date, commit and the tree's state (see `tree_state`): `started`, the
+    `(git_commit(), tree_state(...))` taken when the run began (the tree that ran, whatever
+    changed while it did), or else taken now."""
+    commit, tree = started or (git_commit(), tree_state(out_dir, allow_dirty))
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = device_description()
     stamp = datetime.datetime.now(datetime.UTC)
@@ -237,7 +240,7 @@ def write_results(
         "date": stamp.isoformat(timespec="seconds"),
         "device": dev,
         "versions": versions(),
-        "git_commit": git_commit(),
+        "git_commit": commit,
         "tree": tree,
         **(extra or {}),
         "rows": rows,

@@ -220,3 +220,13 @@ def test_results_name_the_tree_that_made_them(monkeypatch, tmp_path):
         main(["core", "--quick"])  # the default --out is the committed folder: refused at once
     monkeypatch.setattr(_harness, "uncommitted", lambda: [])
     assert _harness.tree_state(_harness.RESULTS, allow_dirty=False) == "clean"
+    # a run records the tree it started from: an edit while it ran neither refuses its results
+    # nor is attributed to them
+    started = ("abc1234", "clean")
+    monkeypatch.setattr(_harness, "uncommitted", lambda: ["eqattn/edited_meanwhile.py"])
+    path = _harness.write_results(_harness.RESULTS, "x-test", [{"a": 1}], started=started)
+    try:
+        payload = json.loads(path.read_text())
+        assert (payload["git_commit"], payload["tree"]) == started
+    finally:
+        path.unlink()
