@@ -218,7 +218,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """The configuration a checkpoint's header records (JSON: its lists back to tuples)."""
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**fields)
 
 
 def split_fields(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
