@@ -25,6 +25,7 @@ SUITES = (
     "ring",
     "closure",
     "text",
+    "text_frontier",
     "graphs",
 )
 

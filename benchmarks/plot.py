@@ -254,6 +254,28 @@ def _graphs(fig, rows):
     axes[2].legend(fontsize=7)
 
 
+def _text_frontier(fig, rows):
+    axes = fig.subplots(1, 2)
+    gzip_bpb = next((r["bits_per_byte"] for r in rows if r.get("compressor") == "gzip -9"), None)
+    for r in (r for r in rows if r["part"] in ("frontier", "kept")):
+        label = "DEQ" if r["model"] == "deq" else f"explicit, depth {r['shape'].get('depth')}"
+        label += " (kept run)" if r["part"] == "kept" else ""
+        axes[0].scatter(r["step_temp_mb"], r["test_bits_per_byte"], label=label)
+    if gzip_bpb is not None:
+        axes[0].axhline(gzip_bpb, color="gray", linestyle="--", label="gzip -9")
+    axes[0].set(xlabel="training step memory (MB)", ylabel="test bits per byte", title="frontier")
+    axes[0].grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    sweep = [r for r in rows if r["part"] == "test-time"]
+    series = {
+        "through the cache": [(r["budget"], r["bits_per_byte"]) for r in sweep],
+        "jointly": [(r["budget"], r["joint_bits_per_byte"]) for r in sweep],
+    }
+    _lines(
+        axes[1], series, "solver budget", "test bits per byte", "DEQ: test-time compute", logy=False
+    )
+
+
 PLOTS = {
     "core": _core,
     "causal": _causal,
@@ -266,6 +288,7 @@ PLOTS = {
     "deq": _deq,
     "closure": _closure,
     "text": _text,
+    "text_frontier": _text_frontier,
     "graphs": _graphs,
 }
 

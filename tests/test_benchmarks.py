@@ -96,6 +96,27 @@ def _check_text(payload):
     assert short.startswith("| context | model |") and "Target" not in short
 
 
+def _check_text_frontier(payload):
+    rows = payload["rows"]
+    anchors = {r["compressor"]: r["bits_per_byte"] for r in rows if r["part"] == "anchor"}
+    assert set(anchors) == {"gzip -9", "bz2 -9", "xz -9e"} and all(
+        0 < b < 8 for b in anchors.values()
+    )
+    frontier = [r for r in rows if r["part"] == "frontier"]
+    assert [r.get("depth") for r in frontier] == [None, 1, 2]
+    assert [r["shape"]["depth"] for r in frontier[1:]] == [1, 2]
+    # the explicit models are sized to the DEQ's parameters
+    assert all(
+        abs(r["params"] - frontier[0]["params"]) <= 0.05 * frontier[0]["params"] for r in frontier
+    )
+    sweep = [r for r in rows if r["part"] == "test-time"]
+    assert [r["budget"] for r in sweep] == [2, 4]
+    kept = [r for r in rows if r["part"] == "kept"]
+    assert [r["model"] for r in kept] == ["deq", "explicit"] and all(
+        r["sample"].startswith("def ") for r in kept
+    )
+
+
 def _check_graphs(payload):
     """The DEQ answers right on every graph of the quick run's sizes; the explicit model does
     not beyond its depth; the dynamics rows are there."""
@@ -126,6 +147,7 @@ CHECKS = {
     "memory": _check_memory,
     "scaling": _check_scaling,
     "text": _check_text,
+    "text_frontier": _check_text_frontier,
 }
 
 
