@@ -228,3 +228,55 @@ def test_generation_batches_and_edges():
     classifier = eqattn.nn.Transformer(10, 8, 2, 1, key=jax.random.key(0), vocab_size=20)
     with pytest.raises(ValueError, match="causal language model"):
         text.generate(classifier, "a", 1)
+
+
+def _host_loop(model, prompts, tokens, key, temperature):
+    """Generation one byte per call, as eqattn did before its compiled program: the public
+    `nn.prefill` / `nn.extend` and the same key splits, the window sliding at `max_len`."""
+    context = model.embedding.max_len
+    history = [list(text.encode(p, context)[0]) for p in prompts]
+
+    def draw(logits, key):
+        key, subkey = jax.random.split(key)
+        return jax.random.categorical(subkey, logits / temperature, axis=-1), key
+
+    def prefill(rows, key):
+        tokens = np.zeros((len(rows), context), np.int32)
+        for t, r in zip(tokens, rows):
+            t[: len(r)] = r
+        lengths = jnp.array([len(r) for r in rows])
+        logits, cache, _ = jax.vmap(lambda t, n: eqattn.nn.prefill(model, t, n))(tokens, lengths)
+        return (*draw(jax.vmap(lambda x, n: x[n - 1])(logits, lengths), key), cache)
+
+    new, key, cache = prefill(history, key)
+    filled, out = max(map(len, history)), [[] for _ in prompts]
+    for i in range(tokens):
+        for row, h, b in zip(out, history, np.asarray(new).tolist()):
+            row.append(b)
+            h.append(b)
+        if i == tokens - 1:
+            break
+        if filled >= context:
+            kept = [h[-(context // 2) :] for h in history]
+            new, key, cache = prefill(kept, key)
+            filled = max(map(len, kept))
+        else:
+            logits, cache, _ = jax.vmap(lambda t, c: eqattn.nn.extend(model, t, c))(new, cache)
+            new, key = draw(logits, key)
+            filled += 1
+    return [bytes(r) for r in out]
+
+
+@pytest.mark.parametrize("kind", ["explicit", "deq"])
+def test_the_compiled_program_draws_the_host_loops_bytes(kind):
+    """Generation runs as compiled segments (a `lax.scan` each, the window's slide inside): for
+    a key it draws the bytes of the one-call-per-byte loop, across several slides and for
+    prompts of different lengths, and streams them one by one in order."""
+    model = _language_model(kind, max_len=10)
+    prompts, key = ["a", "def fn", "xy"], jax.random.key(3)
+    expected = _host_loop(model, prompts, 37, key, temperature=0.9)
+    streamed = []
+    out = text.generate(model, prompts, 37, temperature=0.9, key=key, on_token=streamed.append)
+    assert out.text == expected and out.steps.shape == out.converged.shape == (3, 37)
+    assert [b"".join(col[i] for col in streamed) for i in range(3)] == expected
+    assert text.generate(model, "a", 0).text == b""

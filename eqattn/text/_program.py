@@ -1,0 +1,152 @@
+"""Generation as compiled programs: the prompt's prefill, then segments of tokens each run by one
+`lax.scan` on the device (sampling, the cache and the sliding window included), so that a byte
+costs no round trip to the host."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class Options(NamedTuple):
+    """`generate`'s sampling and solver options (static: hashable Python values)."""
+
+    temperature: float
+    top_k: int | None
+    warm_start: bool
+    budget: int | None
+
+
+def segments(count: int) -> list[int]:
+    """`count` as a sum of powers of two, largest first: the lengths of the compiled scans that
+    draw `count` bytes (a few shapes, a few compilations; no step wasted)."""
+    return [1 << b for b in reversed(range(count.bit_length())) if count >> b & 1]
+
+
+@functools.cache
+def programs():
+    """The jitted programs (compiled once per model structure, shapes and options): `start`
+    prefills the prompts and draws the first byte; `run(state, length)` draws `length` more
+    through the cache, one `lax.scan`; `slide(state)` draws the byte after the window's slide."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from .. import nn
+
+    def draw(logits, key, options: Options):
+        key, subkey = jax.random.split(key)
+        if options.temperature == 0:
+            return jnp.argmax(logits, axis=-1), key
+        if options.top_k is not None:
+            kth = jax.lax.top_k(logits, options.top_k)[0][..., -1:]
+            logits = jnp.where(logits < kth, -jnp.inf, logits)
+        return jax.random.categorical(subkey, logits / options.temperature, axis=-1), key
+
+    def prefill(model, window, lengths, key, options: Options):
+        fn = lambda t, n: nn.prefill(model, t, n, budget=options.budget)  # noqa: E731
+        logits, cache, stats = jax.vmap(fn)(window, lengths)
+        last = jax.vmap(lambda x, n: x[n - 1])(logits, lengths)
+        new, key = draw(last, key, options)
+        return new, key, cache, stats
+
+    @eqx.filter_jit
+    def start(model, window, lengths, key, options: Options):
+        new, key, cache, stats = prefill(model, window, lengths, key, options)
+        return State(new, key, cache, stats, window, lengths, jnp.max(lengths))
+
+    def held(s: State):
+        """The history's last symbols and the byte just drawn, per row: `[B, context + 1]`."""
+        rows = jnp.arange(s.window.shape[0])
+        held = jnp.concatenate([s.window, jnp.zeros_like(s.window[:, :1])], axis=1)
+        return held.at[rows, s.lengths].set(s.new.astype(held.dtype))
+
+    @eqx.filter_jit
+    def slide(model, s: State, options: Options) -> State:
+        """The byte after the window's slide: the cache rebuilt from each row's last
+        `context // 2` symbols (the drawn byte included), then its next byte drawn."""
+        context = s.window.shape[1]
+        kept = jnp.minimum(s.lengths + 1, context // 2)
+        index = s.lengths[:, None] + 1 - kept[:, None] + jnp.arange(context)
+        window = jnp.take_along_axis(held(s), jnp.clip(index, 0, context), axis=1)
+        window = jnp.where(jnp.arange(context) < kept[:, None], window, 0)
+        new, key, cache, stats = prefill(model, window, kept, s.key, options)
+        return State(new, key, cache, stats, window, kept, jnp.max(kept))
+
+    def step(model, options: Options, s: State, _) -> tuple[State, Any]:
+        def fn(t, c):
+            return nn.extend(model, t, c, warm_start=options.warm_start, budget=options.budget)
+
+        logits, cache, stats = jax.vmap(fn)(s.new, s.cache)
+        new, key = draw(logits, s.key, options)
+        window = held(s)[:, : s.window.shape[1]]
+        s = State(new, key, cache, stats, window, s.lengths + 1, s.filled + 1)
+        return s, (s.new, s.stats.steps, s.stats.converged)
+
+    @eqx.filter_jit
+    def run(model, s: State, options: Options, length: int):
+        """`length` more bytes through the cache (it must have room for them)."""
+        return jax.lax.scan(functools.partial(step, model, options), s, length=length)
+
+    return start, run, slide
+
+
+class State(NamedTuple):
+    """What a segment carries: the byte just drawn per row, the key, the cache, the solve that
+    drew it, the symbols the cache holds (`window [B, context]`, `lengths [B]`) and the
+    longest row's length."""
+
+    new: Any
+    key: Any
+    cache: Any
+    stats: Any
+    window: Any
+    lengths: Any
+    filled: Any
+
+
+def batch(sequences: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sequences right-padded to `width` (every prefill then has one shape: one compile),
+    and their lengths."""
+    lengths = np.array([len(s) for s in sequences], np.int32)
+    tokens = np.zeros((len(sequences), width), np.int32)
+    for row, s in zip(tokens, sequences):
+        row[: len(s)] = s
+    return tokens, lengths
+
+
+def draw(model, history: list[list[int]], tokens: int, options: Options, key, stream=None):
+    """`tokens` bytes after each row of `history` (its symbols, `START` first): the bytes
+    `[B, tokens]` and their solves' steps and convergence, as numpy arrays. One call prefills,
+    then as few compiled scans as fill the window (a slide: one call); `stream(bytes [B, n])`
+    sees each call's bytes as they come (then a call draws at most 16)."""
+    import jax
+
+    if tokens == 0:
+        return [np.zeros((len(history), 0), t) for t in (np.int32, np.int32, bool)]
+    start, run, slide = programs()
+    context = model.embedding.max_len
+    state = start(model, *batch(history, context), key, options)
+    filled, left, parts = max(map(len, history)), tokens - 1, []
+
+    def keep(new, steps, converged):  # each [B, n]: fetched at the end unless streamed
+        parts.append((new, steps, converged))
+        if stream is not None:
+            stream(np.asarray(jax.device_get(new)))
+
+    keep(*(a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)))
+    while left > 0:
+        if filled >= context:  # the window slides: one call, one byte
+            state = slide(model, state, options)
+            keep(*(a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)))
+            filled, left = context // 2, left - 1
+            continue
+        room = min(left, context - filled)
+        lengths = segments(room) if stream is None else [16] * (room // 16) + segments(room % 16)
+        for length in lengths:
+            state, drawn = run(model, state, options, length)
+            keep(*(a.T for a in drawn))
+        filled, left = filled + room, left - room
+    return [np.concatenate(p, axis=1) for p in zip(*jax.device_get(parts))]
