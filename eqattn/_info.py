@@ -18,6 +18,17 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _auto_table() -> str:
+    """Which table `implementation="auto"` reads on this machine's GPU, if any."""
+    from ._attention._measured_tables import TABLES
+    from ._attention._plan import gpu_kind
+
+    kind = gpu_kind()
+    if kind in TABLES:
+        return f"measured table for {kind} ({'; '.join(TABLES[kind]['source'])})"
+    return "the rule" + (f" (no measured table for {kind})" if kind else " (no GPU)")
+
+
 def info() -> dict[str, Any]:
     """This installation's Python and package versions, JAX's backend and devices, and the
     solver backends it can use (what `eqattn info` prints).
@@ -41,6 +52,7 @@ def info() -> dict[str, Any]:
         "versions": {p: _version(p) for p in packages + extras},
         "backend": jax.default_backend(),
         "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+        "attention_auto": _auto_table(),
         "solver_backends": {
             "eqattn (Picard, Anderson, Broyden)": True,
             "jaxopt (eqattn.JaxoptSolver)": found("jaxopt"),

@@ -71,7 +71,10 @@ def backend_of(
 
 def _computed(plan: Plan, problem: Problem) -> tuple[jax.Array, jax.Array]:
     """`(out, lse)` of the problem by eqattn's core or its fused kernel, causal or not."""
-    backend, p = backend_of(plan.requested, plan.chunk_size, plan.tiling), problem
+    # "auto" that chose the fused kernel (a GPU's measured table) runs it; else the XLA core,
+    # whose path per block follows what was requested
+    requested = "pallas" if plan.implementation == "pallas" else plan.requested
+    backend, p = backend_of(requested, plan.chunk_size, plan.tiling), problem
     if plan.causal:
         return _causal.attention_core(
             p.q, p.k, p.v, p.beta, p.mask, backend, plan.tiling.causal_leaf

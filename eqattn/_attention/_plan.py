@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools as ft
+import math
 from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from ._checks import Implementation, check_implementation
+from ._measured_tables import FIELDS, TABLES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,12 +183,48 @@ def pallas_unsupported(queries, keys, values, backend: str) -> str | None:
     return None
 
 
+@ft.cache
+def gpu_kind() -> str | None:
+    """The device kind of this process's first GPU (`jax.devices("gpu")`), None without one."""
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:
+        return None
+
+
+def measured_choice(kind: str | None, queries, keys, values, need_lse, causal) -> str | None:
+    """The fastest implementation measured on a GPU of this `kind` for inputs like these
+    (`_measured_tables`, made from the committed benchmark results), or None where nothing
+    was measured: another kind, a head size or dtype not timed, or logits per batch element
+    below a quarter of the smallest size timed. Between sizes the nearest (in log scale) rules;
+    above the largest, the largest."""
+    table = TABLES.get(kind or "")
+    d, dv = queries.shape[-1], values.shape[-1]
+    logits = queries.shape[-2] * keys.shape[-2]
+    if table is None or d != dv or logits == 0:
+        return None
+    dtype = jnp.dtype(queries.dtype).name
+    rows = [
+        dict(zip(FIELDS, row))
+        for row in table["rows"]
+        if row[:4] == (dtype, bool(need_lse), bool(causal), d)
+    ]
+    if not rows or logits < min(r["logits"] for r in rows) / 4:
+        return None
+    nearest = min(rows, key=lambda r: abs(math.log(logits / r["logits"])))
+    return nearest["implementation"]
+
+
 def _auto(
     queries, keys, values, mask, need_lse, chunk_size, tiling, causal, backend
-) -> Literal["xla", "chunked", "cudnn"]:
+) -> Literal["xla", "chunked", "cudnn", "pallas"]:
     """The rule for `"auto"` (stated in `select_implementation`'s docstring)."""
     if not need_lse and mask is None:
         if cudnn_unsupported(queries, keys, values, backend, causal) is None:
+            # a GPU with a measured table: the fused kernel where it was faster (both first-order)
+            measured = measured_choice(gpu_kind(), queries, keys, values, need_lse, causal)
+            if measured == "pallas" and pallas_unsupported(queries, keys, values, backend) is None:
+                return "pallas"
             return "cudnn"
     path = core_path(queries.shape[-2], keys.shape[-2], chunk_size, "auto", tiling)
     off_cpu = path.chunk is not None and backend != "cpu"
@@ -252,12 +290,17 @@ def select_implementation(
 
     **The rule for `"auto"`** (the one place it is written): cuDNN's fused attention where it
     can run the inputs and no log-sum-exp is asked for (an NVIDIA GPU; bf16/fp16 inputs of one
-    dtype; $d = d_v \le 128$ with $8 \mid d$; no mask; with `causal`, $n = m$); else eqattn's
+    dtype; $d = d_v \le 128$ with $8 \mid d$; no mask; with `causal`, $n = m$), or there
+    eqattn's fused kernel where this GPU's kind has a measured table (`python -m
+    benchmarks.auto_tables`, from the committed results; `eqattn info` names it) and the
+    kernel was measured faster for inputs like these; else eqattn's
     key-chunked pass (online softmax, memory $O(n \cdot \mathrm{chunk})$) when `chunk_size` is
     given or, off CPU, above `tiling.auto_chunk_logits` ($2^{26}$) logits per batch element;
     else `"xla"`, eqattn's one pass (on a CPU tile by tile over the queries, see
-    [`eqattn.Tiling`][]). `"pallas"`, eqattn's fused kernel, runs only when asked for (on an
-    H100 it is slower than cuDNN: see the docs' Benchmarks page). A program compiled for another
+    [`eqattn.Tiling`][]). Elsewhere `"pallas"` runs only when asked for, though the tables
+    measure it faster with the log-sum-exp: it and cuDNN differentiate once, and the XLA core,
+    which `"auto"` keeps there, is what a second derivative (the Jacobian penalty of DEQ
+    training) goes through. A program compiled for another
     platform than the host follows that platform: `"auto"` holds both cuDNN's call and the XLA
     core, and the compiler keeps the one for its target.
 

@@ -233,6 +233,7 @@ def _cmd_info(a) -> None:
     rows = [("python", d["python"])]
     rows += [(k, v or "not installed") for k, v in d["versions"].items()]
     rows += [("backend", d["backend"])] + [("device", x) for x in d["devices"]]
+    rows += [("attention", f'implementation="auto" follows {d["attention_auto"]}')]
     rows += [("solvers", f"{k}: {'yes' if v else 'no'}") for k, v in d["solver_backends"].items()]
     print("\n".join(f"{k:<14}{v}" for k, v in rows))
 
