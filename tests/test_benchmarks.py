@@ -85,6 +85,8 @@ def _check_text(payload):
         ("explicit", "re-run"),
         ("deq", "generate()"),
         ("explicit", "generate()"),
+        ("deq", "generate() batch 64"),
+        ("explicit", "generate() batch 64"),
     }
     # text.generate end to end: a marginal time per byte (sign not checked: --quick generates
     # 2 and 7 bytes twice each, within the noise)
