@@ -135,6 +135,13 @@ def _derived_figures():
     for v in rows.values():  # points lost against the defaults
         yield f"{100 * (defaults - v):.1f}"
         yield f"{100 * (defaults - v):.0f}"
+    short = _results("text-short-cpu-cpu")["rows"]
+    ms = {(r["model"], r.get("batch")): r["ms_per_token"] for r in short if r.get("prompt") == 1024}
+    for model in ("deq", "explicit"):  # generate(): a batch-64 step over one row's
+        yield f"{ms[model, 64] / ms[model, 1]:.0f}"
+    for r in _results("text_frontier-cpu-cpu")["rows"]:  # mean solver steps per test byte
+        if r["part"] == "test-time":
+            yield f"{r['mean_steps']:.1f}"
 
 
 def _table_tiling_ratios():
@@ -152,7 +159,9 @@ def _table_tiling_ratios():
 
 
 # Figures in the summary that are not measurements: targets and problem sizes.
-_NOT_MEASURED = set("0.5 0.6 0.8 1.5 2 5 8 60 64 97.5 128 256 512 4096 16384 65,536".split())
+_NOT_MEASURED = set(
+    "0.25 0.4 0.5 0.6 0.8 1.5 2 5 8 30 60 64 97.5 128 256 512 4096 16384 65,536".split()
+)
 # Each summary bullet (by its bold title's first word) and the suites its figures come from.
 _SOURCES = {
     "Core": ("core",),
@@ -165,6 +174,7 @@ _SOURCES = {
     "P1": ("deq",),
     "DEQ": ("training",),
     "Text": ("text",),
+    "Where": ("text_frontier",),
 }
 
 
@@ -174,8 +184,41 @@ def _numbers(text):
     return [number for number, unit in tokens if unit in ("", "x")]
 
 
+def _report_figures(capsys) -> dict[str, set[str]]:
+    """Suite -> the figures `benchmarks.report` prints from its committed results."""
+    from benchmarks.report import main as report
+
+    report([])
+    tables: dict[str, set[str]] = {}
+    for part in capsys.readouterr().out.split("### ")[1:]:
+        tables.setdefault(part.split(":")[0], set()).update(_numbers(part))
+    return tables
+
+
+def test_benchmarks_verdicts_come_from_the_results_they_name(capsys):
+    """The Benchmarks page opens with one verdict table; each row's measured figures are ones
+    that `benchmarks.report` prints from the results files the row names (or computed from
+    them here), and each file it names is committed."""
+    tables = _report_figures(capsys)
+    derived = set(_derived_figures())
+    text = BENCHMARKS_PAGE.read_text()
+    verdicts = text[text.index("## Verdicts") : text.index("## Results")]
+    rows = [line for line in verdicts.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) >= 15
+    stale = {}
+    for row in rows:
+        target, device, measured, verdict, files = (c.strip() for c in row.strip("|").split("|"))
+        names = [f.strip() for f in files.split(",")]
+        for name in names:
+            assert (ROOT / "benchmarks" / "results" / f"{name}.json").is_file(), name
+        known = derived.union(*(tables.get(n.split("-")[0], set()) for n in names))
+        stale.update({f: target for f in _numbers(measured) if f not in known})
+        assert verdict.split()[0] in ("met", "missed"), row
+    assert stale == {}, stale
+
+
 def test_benchmarks_summary_figures_come_from_the_results(capsys):
-    """Every figure of the Benchmarks page's summary bullet ("What the targets come to") is one that
+    """Every figure of the Benchmarks page's notes ("What the targets come to") is one that
     `benchmarks.report` prints from that bullet's suites' committed results, one computed from
     those files here, or a target or problem size: a stale figure fails."""
     from benchmarks.report import main as report
@@ -186,7 +229,7 @@ def test_benchmarks_summary_figures_come_from_the_results(capsys):
         tables.setdefault(part.split(":")[0], set()).update(_numbers(part))
     derived = set(_derived_figures()) | _NOT_MEASURED
     text = BENCHMARKS_PAGE.read_text()
-    summary = text[text.index("What the targets come to:") : text.index("## Results")]
+    summary = text[text.index("What the targets come to:") :]
     bullets = summary.split("\n- **")[1:]
     assert [b.split()[0].rstrip("*") for b in bullets] == list(_SOURCES)
     stale = {}
