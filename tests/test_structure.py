@@ -109,6 +109,26 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     assert any("eqattn.text" in c for c in _cycles(graph)), "the deprecated alias's cycle"
 
 
+def _engine_names(module: str) -> set[str]:
+    """The names an eqattn module takes from the attention engine (`eqattn._attention`)."""
+    path, names = _modules()[module], set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve(node.module or "", node.level, module, path.name == "__init__.py")
+            if base.startswith("eqattn._attention"):
+                names |= {f"{base}.{a.name}" for a in node.names}
+    return names
+
+
+def test_parallel_enters_the_engine_through_one_door():
+    """Sequence parallelism composes the engine's pieces through `blockwise` only (and the
+    public call, for its per-device share; `Tiling` for its signatures)."""
+    door = {f"eqattn._attention.{n}" for n in ("blockwise", "Tiling", "attention_with_lse")}
+    parallel = [m for m in _modules() if m.startswith("eqattn.parallel")]
+    taken = set().union(*(_engine_names(m) for m in parallel))
+    assert "eqattn._attention.blockwise" in taken and taken <= door, taken - door
+
+
 def _python(root: str):
     return sorted((ROOT / root).rglob("*.py"))
 

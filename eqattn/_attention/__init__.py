@@ -12,14 +12,13 @@
    through the blocks of `_causal`.
 
 The names below are the engine's internal interface for the other floors of eqattn (`nn`,
-`parallel`); nothing outside this package imports its modules.
+`parallel`); nothing outside this package imports its modules. `parallel` enters only through
+`blockwise` (`_blockwise`): the pieces of one call that a sequence split over devices composes.
 """
 
-from . import _causal
+from . import _blockwise as blockwise, _causal  # noqa: F401 (blockwise: for eqattn.parallel)
 from ._backends import (
-    PallasBackend as PallasBackend,
     XlaBackend as XlaBackend,
-    backend_of as backend_of,
 )
 from ._checks import (
     Implementation as Implementation,
@@ -45,17 +44,10 @@ from ._prepare import (
     Problem as Problem,
     apply_poison as apply_poison,
     check_arguments as check_arguments,
-    nonfinite_rows as nonfinite_rows,
-    poison_codes as poison_codes,
     prepare as prepare,
-    zero_rows as zero_rows,
 )
 from ._xla import (
     compute_dtype as compute_dtype,
     finalize as finalize,
     merge_partials as merge_partials,
 )
-
-# The causal blocks on any backend, for ring attention's diagonal pairs.
-causal_forward = _causal.forward
-causal_backward = _causal.backward

@@ -10,7 +10,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .. import _attention as engine
+from .._attention import Tiling, blockwise
 from ._ring_core import Ring, from_zigzag, make_inert_per_device, ring_core, to_zigzag, zigzag_order
 from ._sequence import check_axis, varying
 
@@ -26,7 +26,7 @@ def ring_attention_with_lse(
     mask: Bool[ArrayLike, "*#mask"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
-    tiling: engine.Tiling | None = None,
+    tiling: Tiling | None = None,
     implementation: Literal["auto", "xla", "chunked", "pallas"] = "auto",
 ) -> tuple[Float[Array, "*batch n dv"], Float[Array, "*batch n"]]:
     r"""[`eqattn.attention_with_lse`][] with the queries, keys and values all split along the
@@ -79,39 +79,21 @@ def ring_attention_with_lse(
     ```
     """
     # Checked before `jit`: a concrete `beta`'s values, and the static arguments (hashable).
-    queries, keys, values, beta, mask, _ = engine.check_arguments(queries, keys, values, beta, mask)
+    options = dict(implementation=implementation, chunk_size=chunk_size, tiling=tiling)
+    args, blocks = blockwise.check(queries, keys, values, beta, mask, **options)
     check_axis(mesh, axis)
-    engine.check_chunk_size(chunk_size)
-    tiling = engine.check_tiling(tiling)
-    check_ring_implementation(implementation, queries, keys, values)
-    options = dict(mesh=mesh, axis=axis, causal=causal, chunk_size=chunk_size, tiling=tiling)
-    return _ring_attention_with_lse(
-        queries, keys, values, beta, mask, **options, implementation=implementation
-    )
-
-
-def check_ring_implementation(implementation, queries, keys, values) -> None:
-    """What a ring device may compute its blocks with (cuDNN gives no log-sum-exp to merge)."""
-    if implementation not in ("auto", "xla", "chunked", "pallas"):
-        raise ValueError(
-            "ring attention's `implementation` must be 'auto', 'xla', 'chunked' or 'pallas'; "
-            f"got {implementation!r}."
-        )
-    if implementation == "pallas":
-        engine.select_implementation(queries, keys, values, implementation="pallas", need_lse=True)
+    return _ring_attention_with_lse(*args[:5], mesh=mesh, axis=axis, causal=causal, blocks=blocks)
 
 
 # Jitted: run eagerly, `shard_map` executes the ring's steps one operation at a time (a causal
 # ring of 8 CPU devices took seconds per call instead of milliseconds once compiled).
 @ft.partial(
     jax.jit,
-    static_argnames=("mesh", "axis", "causal", "chunk_size", "tiling", "implementation"),
+    static_argnames=("mesh", "axis", "causal", "blocks"),
 )
-def _ring_attention_with_lse(
-    queries, keys, values, beta, mask, *, mesh, axis, causal, chunk_size, tiling, implementation
-):
+def _ring_attention_with_lse(queries, keys, values, beta, mask, *, mesh, axis, causal, blocks):
     # (the static arguments were checked by the caller, before `jit`)
-    args = engine.check_arguments(queries, keys, values, beta, mask)
+    args, _ = blockwise.check(queries, keys, values, beta, mask)
     queries, keys, values, beta, mask, batch = args
     size = mesh.shape[axis]
     n, m = queries.shape[-2], keys.shape[-2]
@@ -130,11 +112,11 @@ def _ring_attention_with_lse(
         )
     # Key padding is made inert here; per-query masks and causality on each device (make_inert_per_device).
     per_query = mask is not None and mask.ndim >= 2 and mask.shape[-2] > 1
-    q, k, v, b, mask = engine.prepare(args, inert=not per_query)[:5]
+    q, k, v, b, mask = blockwise.prepare(args, inert=not per_query)[:5]
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
     in_specs = (seq, seq, seq, P(), seq if split_mask else P())
-    ring = Ring(axis, size, causal, chunk_size, tiling, implementation, leaf=chunk_size or 512)
+    ring = Ring(axis, size, causal, blocks)
 
     def local(q, k, v, b, msk):
         # The custom VJP must see one kind of input: make the replicated ones device-varying
@@ -151,7 +133,7 @@ def _ring_attention_with_lse(
         out, lse = ring_core(ring, q, k, v, b, msk)
         if causal:
             out, lse = from_zigzag(ring, out), from_zigzag(ring, lse)
-        out, lse = engine.apply_poison(out, lse, poison)
+        out, lse = blockwise.apply_poison(out, lse, poison)
         return out.astype(v.dtype), lse.astype(v.dtype)
 
     args = (q, k, v, b, mask)
@@ -165,7 +147,7 @@ def _ring_attention_with_lse(
         mesh=mesh,
         in_specs=in_specs,
         out_specs=(seq, P(None, axis)),
-        check_vma=implementation != "pallas",
+        check_vma=blocks.implementation != "pallas",
     )
     out, lse = fn(*args)
     out = out.reshape(batch + out.shape[-2:])
@@ -186,7 +168,7 @@ def ring_attention(
     mask: Bool[ArrayLike, "*#mask"] | None = None,
     causal: bool = False,
     chunk_size: int | None = None,
-    tiling: engine.Tiling | None = None,
+    tiling: Tiling | None = None,
     implementation: Literal["auto", "xla", "chunked", "pallas"] = "auto",
 ) -> Float[Array, "*batch n dv"]:
     """The output of [`eqattn.parallel.ring_attention_with_lse`][] (same arguments).

@@ -22,7 +22,8 @@ number of chunk pairs to compute at every ring step (two, three on its own block
 pairs that causality masks entirely. A contiguous split would leave device 0 idle for all
 but one step and give device $P - 1$ all the work; a striped split balances the work too but
 masks half of every block, so it can skip none. Pairs on the diagonal are the one-device causal
-attention of the engine (`eqattn._attention._causal`: halved down to `chunk_size`, default 512, queries),
+attention of the engine (its `blockwise.forward` with `diag`: halved down to `chunk_size`, default
+512, queries),
 so no large causal mask is ever formed. The skip is a `lax.switch` per chunk pair (measured on
 CPU devices only).
 """
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _attention as engine
+from .._attention import blockwise
 from ._sequence import varying
 
 
@@ -48,14 +49,10 @@ class Ring:
     axis: str
     size: int  # devices on the ring
     causal: bool
-    chunk_size: int | None
-    tiling: engine.Tiling
-    # "auto", "xla" or "chunked": the core's plan for each pair of blocks; "pallas": the fused
-    # kernel (`eqattn._attention._pallas`), whose forward and backward keep no block of logits.
-    implementation: str = "auto"
-    # A diagonal block (queries and keys at the same positions) is computed by the engine's
-    # causal blocks (`eqattn._attention._causal`): halved until its leaves have at most this many queries.
-    leaf: int = 512
+    # What computes each pair of blocks (the engine's core or its fused kernel, whose forward
+    # and backward keep no block of logits); a diagonal pair (queries and keys at the same
+    # positions) by the engine's causal blocks, halved down to `blocks.leaf` queries.
+    blocks: blockwise.Blocks
 
 
 def zigzag_order(n: int, size: int) -> np.ndarray:
@@ -122,27 +119,16 @@ def _pair_mask(msk, rows, col, width):
     return lax.dynamic_slice_in_dim(sub, col, width, axis=-1)
 
 
-def _blocks(ring: Ring):
-    """What computes a pair of blocks: the fused kernel or the core (its path per block)."""
-    return engine.backend_of(ring.implementation, ring.chunk_size, ring.tiling)
-
-
 def _pair_forward(ring, q, k, v, b, mask, diag: bool):
     """`(out, lse)` of the queries against the keys; with `diag`, query i and key i are at the
-    same position and a key after the query is hidden (the engine's causal blocks)."""
-    if diag:
-        return engine.causal_forward(q, k, v, b, mask, _blocks(ring), ring.leaf)
-    return _blocks(ring).forward(q, k, v, b, mask)
+    same position and a key after the query is hidden."""
+    return blockwise.forward(ring.blocks, q, k, v, b, mask, diag)
 
 
 def _pair_backward(ring, q, k, v, b, mask, rows_in, dtype, diag: bool):
     """`(dq, dk, dv, dbeta)` shares of one pair (as `_pair_forward`); `rows_in` = the queries'
     `(lse, delta, g_out, g_lse)`."""
-    lse, delta, g_out, g_lse = rows_in
-    rows = (lse, delta, g_out, g_lse, dtype)
-    if diag:
-        return engine.causal_backward(q, k, v, b, mask, *rows, _blocks(ring), ring.leaf)
-    return _blocks(ring).backward(q, k, v, b, mask, *rows)
+    return blockwise.backward(ring.blocks, q, k, v, b, mask, rows_in, dtype, diag)
 
 
 def _relation(chunks):
@@ -172,7 +158,7 @@ def _block_forward(ring, me, src, q, k, v, b, msk, acc):
             )
             branches = [lambda empty=empty: empty, lambda: pair(False), lambda: pair(True)]
             new = lax.switch(_relation(chunks), branches)
-        o, s = engine.merge_partials((out[:, rows], lse[:, rows]), new)
+        o, s = blockwise.merge((out[:, rows], lse[:, rows]), new)
         out, lse = out.at[:, rows].set(o), lse.at[:, rows].set(s)
     return out, lse
 
@@ -184,7 +170,7 @@ def _shift(ring: Ring, *xs):
 
 
 def _ring_forward(ring: Ring, q, k, v, b, msk):
-    dtype = engine.compute_dtype(q.dtype, k.dtype, v.dtype)
+    dtype = blockwise.compute_dtype(q.dtype, k.dtype, v.dtype)
     me = lax.axis_index(ring.axis)
     b = b.astype(dtype)
     acc = (
@@ -271,7 +257,7 @@ def make_inert_per_device(ring: Ring, q, k, v, msk, m: int):
     me = lax.axis_index(ring.axis)
     nl, ml = q.shape[1], k.shape[1]
     rows = me * nl + jnp.arange(nl)  # the sequence positions of this device's queries
-    bad_q, bad_k, bad_v = engine.nonfinite_rows(q, k, v)
+    (q, k, v), (bad_q, bad_k, bad_v) = blockwise.inert_rows(q, k, v)
     flags = jnp.zeros((bad_k.shape[0], m), jnp.int32)
     flags = flags.at[:, me * ml + jnp.arange(ml)].set(2 * bad_k + bad_v)
     flags = lax.psum(flags, ring.axis)  # [B, m], in sequence order: 2 key, 1 value, 3 both
@@ -280,18 +266,13 @@ def make_inert_per_device(ring: Ring, q, k, v, msk, m: int):
         seen = msk
         if ring.causal:
             seen = seen & (jnp.arange(m)[None, :] <= rows[:, None])
-        poison = engine.poison_codes(seen, bad_q, bad_keys, bad_values)
+        poison = blockwise.poison_codes(seen, bad_q, bad_keys, bad_values)
     else:  # causality with key padding (its unseen keys are zero already) or no mask
         codes = (2 * bad_keys + bad_values).astype(jnp.int8)
         reached = lax.cummax(codes, axis=1)[:, rows]
         sees = True if msk is None else (jnp.cumsum(msk[:, 0], axis=-1) > 0)[:, rows]
         poison = jnp.maximum(reached, 2 * (bad_q & sees).astype(jnp.int8))
-    return (
-        engine.zero_rows(q, bad_q),
-        engine.zero_rows(k, bad_k),
-        engine.zero_rows(v, bad_v),
-        poison,
-    )
+    return q, k, v, poison
 
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(0,))

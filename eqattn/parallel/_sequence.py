@@ -20,14 +20,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._attention import (
-    Tiling,
-    apply_poison,
-    attention_with_lse,
-    check_arguments,
-    check_tiling,
-    finalize,
-)
+from .._attention import Tiling, attention_with_lse, blockwise
 
 
 def varying(x, axis):
@@ -41,16 +34,6 @@ def check_axis(mesh, axis) -> None:
         raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}.")
     if axis not in mesh.shape:
         raise ValueError(f"`axis` {axis!r} is not an axis of `mesh` (axes {dict(mesh.shape)}).")
-
-
-def _combine(out, lse, axis):
-    """The blocks' `(out, lse)` merged over `axis`: the online softmax's statistics rescaled to
-    the largest lse (`pmax`), summed (`psum`) and normalized by the core's `finalize`."""
-    dtype = jnp.promote_types(out.dtype, jnp.float32)
-    out, lse = out.astype(dtype), lse.astype(dtype)
-    top = lax.pmax(lax.stop_gradient(lse), axis)
-    w = jnp.exp(lse - jnp.where(jnp.isfinite(top), top, 0))  # 0 for a block with no key
-    return finalize((top, lax.psum(w, axis), lax.psum(w[..., None] * out, axis)))
 
 
 def sharded_attention_with_lse(
@@ -98,9 +81,11 @@ def sharded_attention_with_lse(
     ```
     """
     # Checked before `jit`: a concrete `beta`'s values, and the static arguments (hashable).
-    queries, keys, values, beta, mask, _ = check_arguments(queries, keys, values, beta, mask)
+    options = dict(chunk_size=chunk_size, tiling=tiling)
+    args, blocks = blockwise.check(queries, keys, values, beta, mask, **options)
+    queries, keys, values, beta, mask, _ = args
     check_axis(mesh, axis)
-    tiling = check_tiling(tiling)
+    tiling = blocks.tiling
     return _sharded_attention_with_lse(
         queries,
         keys,
@@ -120,7 +105,7 @@ def _sharded_attention_with_lse(
     queries, keys, values, beta, mask, *, mesh, axis, chunk_size, tiling
 ):
     # (the static arguments were checked by the caller, before `jit`)
-    queries, keys, values, beta, mask, _ = check_arguments(queries, keys, values, beta, mask)
+    queries, keys, values, beta, mask, _ = blockwise.check(queries, keys, values, beta, mask)[0]
     size, m = mesh.shape[axis], keys.shape[-2]
     if m % size:
         raise ValueError(
@@ -156,7 +141,7 @@ def _sharded_attention_with_lse(
         code = jnp.where(jnp.isnan(lse), 2, jnp.any(jnp.isnan(out), axis=-1)).astype(jnp.int8)
         lse = jnp.where(code > 1, -jnp.inf, lse)
         out = jnp.where(code[..., None] > 0, jnp.zeros((), out.dtype), out)
-        out, lse = apply_poison(*_combine(out, lse, axis), lax.pmax(code, axis))
+        out, lse = blockwise.apply_poison(*blockwise.combine(out, lse, axis), lax.pmax(code, axis))
         return out.astype(values.dtype), lse.astype(values.dtype)
 
     args = (queries, keys, values, beta, mask)

@@ -167,7 +167,7 @@ def test_blocks_above_the_diagonal_are_not_computed(n, m):
     )
     beta = jax.ShapeDtypeStruct((1,), jnp.float32)
     jax.eval_shape(
-        lambda q, k, b: engine.causal_forward(q, k, k, b, None, Recording(), leaf), q, k, beta
+        lambda q, k, b: engine._causal.forward(q, k, k, b, None, Recording(), leaf), q, k, beta
     )
     visible = int(_tril(n, m).sum())
     s = min(n, m)
