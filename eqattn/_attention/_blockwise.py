@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from . import _causal
-from ._backends import backend_of
+from ._backends import PallasBackend, backend_of
 from ._checks import check_chunk_size
-from ._plan import Tiling, check_tiling, select_implementation
+from ._plan import Tiling, check_tiling, pallas_unsupported, select_implementation
 from ._prepare import (
     Arguments,
     Problem,
@@ -57,12 +57,23 @@ class Blocks:
     """How each block of queries against a block of keys is computed (static, hashable):
     `implementation` `"auto"`, `"xla"` or `"chunked"` (eqattn's core, its path per block
     following `chunk_size` and `tiling`) or `"pallas"` (the fused kernel, which keeps no block
-    of logits); a diagonal block's causal halving stops at `leaf` queries."""
+    of logits); a diagonal block's causal halving stops at `leaf` queries. With `"auto"`, the
+    platforms of `lean` (`"cuda"`, `"tpu"`: those where the kernel can run the inputs) take
+    the fused kernel: a sequence long enough to split over devices is where its memory,
+    O((n + m) d) against the core's O(n x chunk) per block, matters (compiled for 8 H100s, a
+    causal ring over 65,536 bfloat16 tokens holds 104 MB a device with it, 609 MB without)."""
 
     implementation: str = "auto"
     chunk_size: int | None = None
     tiling: Tiling = Tiling()
     leaf: int = 512
+    lean: tuple[str, ...] = ()
+
+    @property
+    def traces_kernel(self) -> bool:
+        """Whether the program holds the fused kernel (whose calls carry no varying-axes types:
+        `jax.shard_map`'s `check_vma` must be off)."""
+        return self.implementation == "pallas" or bool(self.lean)
 
 
 def check(
@@ -83,7 +94,23 @@ def check(
         select_implementation(
             args.queries, args.keys, args.values, implementation="pallas", need_lse=True
         )
-    return args, Blocks(implementation, chunk_size, tiling, leaf=chunk_size or 512)
+    lean: tuple[str, ...] = ()
+    if implementation == "auto":
+        q, k, v = args.queries, args.keys, args.values
+        platforms = (("cuda", "gpu"), ("tpu", "tpu"))
+        lean = tuple(p for p, b in platforms if pallas_unsupported(q, k, v, b) is None)
+    return args, Blocks(implementation, chunk_size, tiling, chunk_size or 512, lean)
+
+
+def _on_platform(blocks: Blocks, run):
+    """`run(backend)` with the backend of `blocks` on the platform compiled for: the fused
+    kernel on `blocks.lean`'s platforms, eqattn's core elsewhere (`lax.platform_dependent`:
+    the compiler keeps the branch of its target)."""
+    core = backend_of(blocks.implementation, blocks.chunk_size, blocks.tiling)
+    if not blocks.lean:
+        return run(core)
+    lean = {p: (lambda: run(PallasBackend())) for p in blocks.lean}
+    return jax.lax.platform_dependent(default=lambda: run(core), **lean)
 
 
 def prepare(args: Arguments, *, inert: bool) -> Problem:
@@ -95,22 +122,28 @@ def prepare(args: Arguments, *, inert: bool) -> Problem:
 def forward(blocks: Blocks, q, k, v, b, mask, diag: bool = False):
     """`(out, lse)` of a block of queries `[B, n, d]` against a block of keys; with `diag`,
     query i and key i are at the same position and a later key is hidden."""
-    backend = backend_of(blocks.implementation, blocks.chunk_size, blocks.tiling)
-    if diag:
-        return _causal.forward(q, k, v, b, mask, backend, blocks.leaf)
-    return backend.forward(q, k, v, b, mask)
+
+    def run(backend):
+        if diag:
+            return _causal.forward(q, k, v, b, mask, backend, blocks.leaf)
+        return backend.forward(q, k, v, b, mask)
+
+    return _on_platform(blocks, run)
 
 
 def backward(blocks: Blocks, q, k, v, b, mask, rows, dtype, diag: bool = False):
     """`(dq, dk, dv, dbeta)` shares of one block (as [`forward`][]); `rows` = the queries'
     `(lse, delta, g_out, g_lse)`, `dtype` the compute dtype."""
-    backend = backend_of(blocks.implementation, blocks.chunk_size, blocks.tiling)
     lse, delta, g_out, g_lse = rows
-    if diag:
-        return _causal.backward(
-            q, k, v, b, mask, lse, delta, g_out, g_lse, dtype, backend, blocks.leaf
-        )
-    return backend.backward(q, k, v, b, mask, lse, delta, g_out, g_lse, dtype)
+
+    def run(backend):
+        if diag:
+            return _causal.backward(
+                q, k, v, b, mask, lse, delta, g_out, g_lse, dtype, backend, blocks.leaf
+            )
+        return backend.backward(q, k, v, b, mask, lse, delta, g_out, g_lse, dtype)
+
+    return _on_platform(blocks, run)
 
 
 def merge(a, b):

@@ -57,8 +57,10 @@ def ring_attention_with_lse(
       no causal mask larger than `chunk_size` x `chunk_size` is formed.
     - `tiling`: an [`eqattn.Tiling`][] for the core on each device's blocks.
     - `implementation`: what computes each pair of blocks on a device: eqattn's core
-      (`"auto"`, `"xla"`, `"chunked"`, as for [`eqattn.attention_with_lse`][]) or its fused
-      kernel (`"pallas"`: no block of logits is formed, forward or backward).
+      (`"xla"`, `"chunked"`, as for [`eqattn.attention_with_lse`][]) or its fused kernel
+      (`"pallas"`: no block of logits is formed, forward or backward). `"auto"` (the default)
+      runs the fused kernel on NVIDIA GPUs and TPUs where it can run the inputs (the
+      memory-lean path, chosen by the platform compiled for) and the core elsewhere.
 
     **Returns:** `(out, lse)` with shapes `[..., n, dv]` and `[..., n]`, sharded along `n` over
     `axis` like the queries, equal to the one-device result up to round-off. Reverse-mode
@@ -141,13 +143,13 @@ def _ring_attention_with_lse(queries, keys, values, beta, mask, *, mesh, axis, c
         None if x is None else jax.device_put(x, NamedSharding(mesh, spec))
         for x, spec in zip(args, in_specs)
     )
-    # Pallas calls carry no varying-manual-axes types: the kernel runs unchecked (check_vma).
+    # Pallas calls carry no varying-manual-axes types: a program with the kernel runs unchecked.
     fn = jax.shard_map(
         local,
         mesh=mesh,
         in_specs=in_specs,
         out_specs=(seq, P(None, axis)),
-        check_vma=blocks.implementation != "pallas",
+        check_vma=not blocks.traces_kernel,
     )
     out, lse = fn(*args)
     out = out.reshape(batch + out.shape[-2:])

@@ -429,3 +429,26 @@ def test_calls_outside_jit_compile_once_per_configuration(rng):
         )
         np.testing.assert_allclose(out, ref_out, atol=1e-10)
         np.testing.assert_allclose(lse, ref_lse, atol=1e-10)
+
+
+def test_ring_auto_takes_the_fused_kernel_where_compiled_for_an_accelerator():
+    """Ring attention's `"auto"`: the fused kernel (memory O((n + m) d) a block) in a program
+    for NVIDIA GPUs where it can run the inputs, the core in the CPU's program and where it
+    cannot (d = 512); the choice follows the platform compiled for, not the host."""
+    from jax import export
+
+    from eqattn._attention import blockwise
+
+    def lowered(d, platform):
+        q = jnp.ones((2, 64, d), jnp.bfloat16)
+        _, blocks = blockwise.check(q, q, q, 1.0, None)
+        b = jnp.ones((2,), jnp.float32)
+        f = jax.jit(lambda q: blockwise.forward(blocks, q, q, q, b, None, diag=True)[0])
+        triton = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+        return blocks, export.export(f, platforms=[platform], disabled_checks=triton)(q)
+
+    blocks, cuda = lowered(64, "cuda")
+    assert blocks.lean == ("cuda", "tpu") and blocks.traces_kernel
+    assert "triton" in cuda.mlir_module() and "triton" not in lowered(64, "cpu")[1].mlir_module()
+    wide, cuda = lowered(512, "cuda")
+    assert wide.lean == () and "triton" not in cuda.mlir_module()
