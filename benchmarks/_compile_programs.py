@@ -200,8 +200,9 @@ RING_TOKENS, RING_DIM, RING_DTYPE = 65536, 64, "bfloat16"
 
 def _ring_rows(target) -> list[dict]:
     """Causal ring attention's forward+backward on eight devices (65,536 tokens, bfloat16,
-    d = 64, batch x heads = 4), each pair of blocks by eqattn's core (`"auto"`) or the fused
-    kernel: per-device temporaries and the collectives in the compiled program."""
+    d = 64, batch x heads = 4), each pair of blocks by eqattn's core (`"xla"`), the default
+    (`"auto"`: the fused kernel where it can run the inputs) or the fused kernel: per-device
+    temporaries and the collectives in the compiled program."""
 
     import jax
     import jax.numpy as jnp
@@ -228,7 +229,7 @@ def _ring_rows(target) -> list[dict]:
         }
 
     rows = []
-    for implementation in ("auto", "pallas"):
+    for implementation in ("xla", "auto", "pallas"):
 
         def loss(q, k, v, implementation=implementation):
             out, lse = par.ring_attention_with_lse(

@@ -15,8 +15,8 @@ at a time); see `_deviceless` for how, and what is read from the compilers.
   Then whole programs (`PROGRAMS`: the `eqattn train` step, an `ImplicitAttention` gradient on
   16,384 tokens with the fused kernel, a `MultiHeadAttention` gradient with `"auto"`), the
   memory suite's attention cases at n = m = 16,384 against XLA's dense attention, and causal
-  ring attention on eight devices (`RING_TOKENS`) with eqattn's core or the fused kernel per
-  device, for the targets with an eight-device topology (h100: 8 x H100; v5e: a 2 x 4 slice).
+  ring attention on eight devices (`RING_TOKENS`) with eqattn's core, the default and the fused
+  kernel per device, for the targets with an eight-device topology (h100: 8 x H100; v5e: a 2 x 4 slice).
 - `--check`: the gradient programs only (they hold all three kernels), the memory cases and the
   `"auto"` program, then the verdict: any compile error, any register spill, a kernel the report
   does not describe, VMEM over the generation's limit, or the fused kernel's temporaries above
