@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from . import _causal
 from ._backends import PallasBackend, backend_of
 from ._checks import check_chunk_size
+from ._pallas import _triton
 from ._plan import Tiling, check_tiling, pallas_unsupported, select_implementation
 from ._prepare import (
     Arguments,
@@ -94,12 +95,22 @@ def check(
         select_implementation(
             args.queries, args.keys, args.values, implementation="pallas", need_lse=True
         )
-    lean: tuple[str, ...] = ()
-    if implementation == "auto":
-        q, k, v = args.queries, args.keys, args.values
-        platforms = (("cuda", "gpu"), ("tpu", "tpu"))
-        lean = tuple(p for p, b in platforms if pallas_unsupported(q, k, v, b) is None)
+    lean = _lean_platforms(args) if implementation == "auto" else ()
     return args, Blocks(implementation, chunk_size, tiling, chunk_size or 512, lean)
+
+
+def _lean_platforms(args: Arguments) -> tuple[str, ...]:
+    """The platforms whose compiler takes the fused kernel for these inputs: sizes and dtypes
+    it runs, and on NVIDIA GPUs a spill-free tiling (float32 above d = 128 has none)."""
+    q, k, v = args.queries, args.keys, args.values
+    n, m, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
+    lean: tuple[str, ...] = ()
+    if pallas_unsupported(q, k, v, "gpu") is None:
+        lean += ("cuda",) if _triton.default_blocks(n, m, d, dv, dtype) is not None else ()
+    if pallas_unsupported(q, k, v, "tpu") is None:
+        lean += ("tpu",)
+    return lean
 
 
 def _on_platform(blocks: Blocks, run):

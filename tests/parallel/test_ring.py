@@ -434,13 +434,13 @@ def test_calls_outside_jit_compile_once_per_configuration(rng):
 def test_ring_auto_takes_the_fused_kernel_where_compiled_for_an_accelerator():
     """Ring attention's `"auto"`: the fused kernel (memory O((n + m) d) a block) in a program
     for NVIDIA GPUs where it can run the inputs, the core in the CPU's program and where it
-    cannot (d = 512); the choice follows the platform compiled for, not the host."""
+    cannot (d = 512; float32 at d = 256); the choice follows the platform compiled for."""
     from jax import export
 
     from eqattn._attention import blockwise
 
-    def lowered(d, platform):
-        q = jnp.ones((2, 64, d), jnp.bfloat16)
+    def lowered(d, platform, dtype=jnp.bfloat16):
+        q = jnp.ones((2, 64, d), dtype)
         _, blocks = blockwise.check(q, q, q, 1.0, None)
         b = jnp.ones((2,), jnp.float32)
         f = jax.jit(lambda q: blockwise.forward(blocks, q, q, q, b, None, diag=True)[0])
@@ -452,3 +452,6 @@ def test_ring_auto_takes_the_fused_kernel_where_compiled_for_an_accelerator():
     assert "triton" in cuda.mlir_module() and "triton" not in lowered(64, "cpu")[1].mlir_module()
     wide, cuda = lowered(512, "cuda")
     assert wide.lean == () and "triton" not in cuda.mlir_module()
+    # float32 above d = 128 has no spill-free tiling on NVIDIA GPUs: the core there, not a refusal
+    f32, cuda = lowered(256, "cuda", jnp.float32)
+    assert f32.lean == ("tpu",) and "triton" not in cuda.mlir_module()
