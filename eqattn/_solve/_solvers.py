@@ -98,26 +98,19 @@ class Picard(AbstractFixedPointSolver):
 
 
 def _solve_spd(h, b):
-    """`h^-1 b` for a small symmetric positive definite `h [m, m]` by Gaussian elimination without
-    pivoting (stable for SPD matrices), unrolled over the static `m` on the matrix's entries as
-    scalars: only elementwise operations, which fuse into a few kernels whether or not the
-    solve is batched (slice updates, or a LAPACK/cuSOLVER call, cost one kernel each)."""
+    """`h^-1 b` for a small symmetric positive definite `h [m, m]` by Gauss-Jordan elimination
+    without pivoting (stable for SPD matrices), unrolled over the static `m`: each step is one
+    elementwise update of the augmented matrix `[h | b]`, so the solve fuses into a few kernels
+    whether or not it is batched (a LAPACK/cuSOLVER call, or an elimination on the entries as
+    scalars, costs a kernel per call or per entry: on a CPU, time per kernel dominates)."""
     m = h.shape[0]
-    a = [[h[i, j] for j in range(m)] for i in range(m)]
-    r = [b[i] for i in range(m)]
-    for k in range(m):  # forward elimination
-        for i in range(k + 1, m):
-            factor = a[i][k] / a[k][k]
-            for j in range(k + 1, m):
-                a[i][j] = a[i][j] - factor * a[k][j]
-            r[i] = r[i] - factor * r[k]
-    x = [None] * m
-    for k in reversed(range(m)):  # back substitution
-        s = r[k]
-        for j in range(k + 1, m):
-            s = s - a[k][j] * x[j]
-        x[k] = s / a[k][k]
-    return jnp.stack(x)
+    a = jnp.concatenate([h, b[:, None]], axis=1)
+    rows = jnp.arange(m)[:, None]
+    for k in range(m):
+        pivot = a[k] / a[k, k]
+        # row k becomes the normalized pivot row; the others lose their column k
+        a = jnp.where(rows == k, pivot, a - a[:, k : k + 1] * pivot)
+    return a[:, m]
 
 
 class Anderson(AbstractFixedPointSolver):

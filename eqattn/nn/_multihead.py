@@ -14,8 +14,10 @@ from .._attention import (
     Implementation,
     attention,
     attention_weights,
+    attention_with_lse,
     check_implementation,
     merge_heads,
+    merge_partials,
     split_heads,
 )
 from ..parallel import SequenceSplit
@@ -216,21 +218,50 @@ class MultiHeadAttention(eqx.Module):
         if prefix is not None:
             if self.sequence is not None:
                 raise ValueError("`prefix` (a key/value cache) does not combine with `sequence`.")
-            k = jnp.concatenate([prefix.keys.astype(k.dtype), k], axis=1)
-            v = jnp.concatenate([prefix.values.astype(v.dtype), v], axis=1)
-        # one call decides how: the engine on this device, or the ring over `sequence`'s mesh
-        attend = attention if self.sequence is None else self.sequence.attention
-        out = attend(
-            q,
-            k,
-            v,
-            beta=self.beta,
-            mask=mask,
-            causal=self.causal,
-            implementation=self.implementation,
-        )
+            out = self._with_prefix(q, k, v, mask, prefix)
+        else:
+            # one call decides how: the engine on this device, or the ring over `sequence`'s mesh
+            attend = attention if self.sequence is None else self.sequence.attention
+            out = attend(
+                q,
+                k,
+                v,
+                beta=self.beta,
+                mask=mask,
+                causal=self.causal,
+                implementation=self.implementation,
+            )
         out = merge_heads(out)
         return out if self.output_proj is None else per_token(self.output_proj, out)
+
+    def _with_prefix(self, q, k, v, mask, prefix: KeyValues):
+        r"""Attention over the cached `prefix`'s keys, then this call's, without joining them:
+        each part's `(out, lse)` and their exact merge,
+        $\mathrm{out} = \sum_s e^{\mathrm{lse}_s - \mathrm{lse}}\,\mathrm{out}_s$. The cache is
+        read where it lies, not copied with one more row at every call (a DEQ's solver step)."""
+        pk, pv = prefix.keys.astype(k.dtype), prefix.values.astype(v.dtype)
+        p = pk.shape[1]
+        if self.implementation == "cudnn":  # no log-sum-exp to merge: one call over the join
+            joined = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
+            return attention(
+                q, *joined, beta=self.beta, mask=mask, causal=self.causal, implementation="cudnn"
+            )
+        masks = (None, None)
+        if mask is not None:
+            mask = jnp.asarray(mask)
+            mask = jnp.broadcast_to(
+                mask, jnp.broadcast_shapes(mask.shape, (q.shape[1], p + k.shape[1]))
+            )
+            masks = (mask[..., :p], mask[..., p:])
+        parts = [
+            attention_with_lse(
+                q, *kv, beta=self.beta, mask=m, causal=c, implementation=self.implementation
+            )
+            for kv, m, c in (((pk, pv), masks[0], False), ((k, v), masks[1], self.causal))
+        ]
+        wide = jnp.promote_types(q.dtype, jnp.float32)  # merged in at least float32
+        parts = [(out.astype(wide), lse) for out, lse in parts]
+        return merge_partials(*parts)[0].astype(q.dtype)
 
     def association(self, queries, keys, *, mask=None) -> Float[Array, "heads n m"]:
         """The softmax (association) matrix per head."""

@@ -110,9 +110,8 @@ def generate(
     `key` (default `jax.random.key(0)`). The cache ([`eqattn.nn.prefill`][],
     [`eqattn.nn.extend`][]) solves only each new token's row; when the sequence fills
     `max_len`, the window slides: the cache is rebuilt from the last `max_len // 2` symbols
-    (positions restart at 0). The bytes are drawn by compiled programs, a `lax.scan` over as
-    many tokens as the window has room for (in a few calls of power-of-two lengths), so a byte
-    costs no round trip to the host. `on_token(new_bytes)` is called once per byte (a list of
+    (positions restart at 0). The bytes are drawn by compiled programs, one `lax.while_loop`
+    over as many tokens as the window has room for, so a byte costs no round trip to the host. `on_token(new_bytes)` is called once per byte (a list of
     `bytes` per prompt for a batch), in calls of at most 16 bytes: for streaming.
 
     **Example:**

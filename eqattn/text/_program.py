@@ -1,6 +1,6 @@
-"""Generation as compiled programs: the prompt's prefill, then segments of tokens each run by one
-`lax.scan` on the device (sampling, the cache and the sliding window included), so that a byte
-costs no round trip to the host."""
+"""Generation as compiled programs: the prompt's prefill, then every token the window has room
+for in one `lax.while_loop` on the device (sampling and the cache included), so that a byte
+costs no round trip to the host; a slide of the window is one more call."""
 
 from __future__ import annotations
 
@@ -19,17 +19,12 @@ class Options(NamedTuple):
     budget: int | None
 
 
-def segments(count: int) -> list[int]:
-    """`count` as a sum of powers of two, largest first: the lengths of the compiled scans that
-    draw `count` bytes (a few shapes, a few compilations; no step wasted)."""
-    return [1 << b for b in reversed(range(count.bit_length())) if count >> b & 1]
-
-
 @functools.cache
 def programs():
     """The jitted programs (compiled once per model structure, shapes and options): `start`
-    prefills the prompts and draws the first byte; `run(state, length)` draws `length` more
-    through the cache, one `lax.scan`; `slide(state)` draws the byte after the window's slide."""
+    prefills the prompts and draws the first byte; `run(state, length, width)` draws `length`
+    (traced, at most the static `width`) more through the cache, one `lax.while_loop`;
+    `slide(state)` draws the byte after the window's slide."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -75,22 +70,48 @@ def programs():
         new, key, cache, stats = prefill(model, window, kept, s.key, options)
         return State(new, key, cache, stats, window, kept, jnp.max(kept))
 
-    def step(model, options: Options, s: State, _) -> tuple[State, Any]:
+    def step(model, options: Options, s: State) -> State:
         def fn(t, c):
             return nn.extend(model, t, c, warm_start=options.warm_start, budget=options.budget)
 
         logits, cache, stats = jax.vmap(fn)(s.new, s.cache)
         new, key = draw(logits, s.key, options)
         window = held(s)[:, : s.window.shape[1]]
-        s = State(new, key, cache, stats, window, s.lengths + 1, s.filled + 1)
-        return s, (s.new, s.stats.steps, s.stats.converged)
+        return State(new, key, cache, stats, window, s.lengths + 1, s.filled + 1)
 
     @eqx.filter_jit
-    def run(model, s: State, options: Options, length: int):
-        """`length` more bytes through the cache (it must have room for them)."""
-        return jax.lax.scan(functools.partial(step, model, options), s, length=length)
+    def run(model, s: State, options: Options, length, width: int):
+        """`length` more bytes through the cache (it must have room for them): the state, and
+        the bytes, solver steps and convergence `[B, width]`, of which the first `length`
+        columns are drawn."""
+
+        def body(carry):
+            i, s, drawn = carry
+            s = step(model, options, s)
+            new = (s.new, s.stats.steps, s.stats.converged)
+            return i + 1, s, tuple(d.at[:, i].set(x) for d, x in zip(drawn, new))
+
+        rows = s.new.shape[0]
+        drawn = tuple(
+            jnp.zeros((rows, width), x.dtype) for x in (s.new, s.stats.steps, s.stats.converged)
+        )
+        _, s, drawn = jax.lax.while_loop(lambda c: c[0] < length, body, (0, s, drawn))
+        return s, drawn
 
     return start, run, slide
+
+
+STREAMED = 16
+"""The most bytes one call draws when they are streamed (`on_token`)."""
+
+
+class _Part(NamedTuple):
+    """One call's bytes, solver steps and convergence, `[B, >= length]`: the first `length`."""
+
+    new: Any
+    steps: Any
+    converged: Any
+    length: int
 
 
 class State(NamedTuple):
@@ -120,7 +141,7 @@ def batch(sequences: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarra
 def draw(model, history: list[list[int]], tokens: int, options: Options, key, stream=None):
     """`tokens` bytes after each row of `history` (its symbols, `START` first): the bytes
     `[B, tokens]` and their solves' steps and convergence, as numpy arrays. One call prefills,
-    then as few compiled scans as fill the window (a slide: one call); `stream(bytes [B, n])`
+    then one compiled loop per fill of the window (a slide: one call); `stream(bytes [B, n])`
     sees each call's bytes as they come (then a call draws at most 16)."""
     import jax
 
@@ -131,22 +152,28 @@ def draw(model, history: list[list[int]], tokens: int, options: Options, key, st
     state = start(model, *batch(history, context), key, options)
     filled, left, parts = max(map(len, history)), tokens - 1, []
 
-    def keep(new, steps, converged):  # each [B, n]: fetched at the end unless streamed
-        parts.append((new, steps, converged))
+    def keep(drawn, length: int = 1):  # each [B, >= length]: fetched at the end unless streamed
+        new, steps, converged = drawn
+        parts.append(_Part(new, steps, converged, length))
         if stream is not None:
-            stream(np.asarray(jax.device_get(new)))
+            stream(np.asarray(jax.device_get(drawn[0]))[:, :length])
 
-    keep(*(a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)))
+    keep([a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)])
     while left > 0:
         if filled >= context:  # the window slides: one call, one byte
             state = slide(model, state, options)
-            keep(*(a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)))
+            keep([a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)])
             filled, left = context // 2, left - 1
             continue
         room = min(left, context - filled)
-        lengths = segments(room) if stream is None else [16] * (room // 16) + segments(room % 16)
-        for length in lengths:
-            state, drawn = run(model, state, options, length)
-            keep(*(a.T for a in drawn))
+        width = context if stream is None else STREAMED
+        for start_at in range(0, room, width):
+            length = min(width, room - start_at)
+            state, drawn = run(model, state, options, np.asarray(length, np.int32), width)
+            keep(drawn, length)
         filled, left = filled + room, left - room
-    return [np.concatenate(p, axis=1) for p in zip(*jax.device_get(parts))]
+    fetched = jax.device_get([p[:3] for p in parts])
+    return [
+        np.concatenate([f[i][:, : p.length] for f, p in zip(fetched, parts)], axis=1)
+        for i in range(3)
+    ]

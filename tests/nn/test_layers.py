@@ -295,3 +295,44 @@ def test_jacobian_penalty_against_the_full_jacobian(getkey):
         )
     )(model).stem
     assert any(np.any(g != 0) for g in jax.tree.leaves(eqx.filter(stem_grads, eqx.is_array)))
+
+
+def test_attention_over_a_cache_matches_float64_numpy(getkey):
+    """Multi-head attention with a key/value cache (`prefix`), computed as two parts merged by
+    their log-sum-exps: against float64 numpy over the joined keys (a mask with a fully masked
+    row, causal), its gradients against finite differences, and bfloat16 inputs."""
+    from jax.test_util import check_grads
+
+    from tests import reference
+
+    heads, dim, p, n = 2, 8, 5, 3
+    mha = enn.MultiHeadAttention(heads, dim, key=getkey(), causal=True, dtype=jnp.float64)
+    x = jax.random.normal(getkey(), (p + n, dim), jnp.float64)
+    mask = np.array(jax.random.bernoulli(getkey(), 0.6, (n, p + n)))
+    mask[1] = False  # a query that sees nothing: 0, not NaN
+    out = mha(x[p:], x[p:], mask=mask, prefix=mha.key_values(x[:p]))
+
+    def split(w):  # `[m, dim] @ w` as heads `[heads, m, dim // heads]`, in float64
+        w = np.asarray(w.weight, np.float64).T
+        return lambda y: (np.asarray(y) @ w).reshape(len(y), heads, -1).transpose(1, 0, 2)
+
+    q, k, v = (split(w) for w in (mha.query_proj, mha.key_proj, mha.value_proj))
+    causal = np.arange(p + n)[None] <= np.arange(n)[:, None] + p
+    ref, _ = reference.attention_with_lse(
+        q(x[p:]), k(x), v(x), np.exp(np.asarray(mha.log_beta)), mask & causal
+    )
+    ref = ref.transpose(1, 0, 2).reshape(n, dim) @ np.asarray(mha.output_proj.weight).T
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-12)
+    assert np.all(out[1] == 0)
+
+    def f(new, keys, values):  # gradients to the new tokens and to the cache
+        new, cache = jnp.asarray(new), enn.KeyValues(jnp.asarray(keys), jnp.asarray(values))
+        return mha(new, new, mask=mask, prefix=cache)
+
+    cache = mha.key_values(x[:p])
+    check_grads(f, (x[p:], *cache), order=1, modes=["rev"])
+    half = lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a  # noqa: E731
+    mha, x = jax.tree.map(half, (mha, x))
+    low = mha(x[p:], x[p:], mask=mask, prefix=mha.key_values(x[:p]))
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(low, np.float64), ref, atol=0.1)

@@ -269,9 +269,10 @@ def _host_loop(model, prompts, tokens, key, temperature):
 
 @pytest.mark.parametrize("kind", ["explicit", "deq"])
 def test_the_compiled_program_draws_the_host_loops_bytes(kind):
-    """Generation runs as compiled segments (a `lax.scan` each, the window's slide inside): for
-    a key it draws the bytes of the one-call-per-byte loop, across several slides and for
-    prompts of different lengths, and streams them one by one in order."""
+    """Generation runs as compiled loops (a `lax.while_loop` per fill of the window, a call per
+    slide): for a key it draws the bytes of the one-call-per-byte loop, across several slides
+    and for prompts of different lengths, streamed (in calls of at most 16 bytes, one by one in
+    order) or not (one loop per fill)."""
     model = _language_model(kind, max_len=10)
     prompts, key = ["a", "def fn", "xy"], jax.random.key(3)
     expected = _host_loop(model, prompts, 37, key, temperature=0.9)
@@ -279,4 +280,5 @@ def test_the_compiled_program_draws_the_host_loops_bytes(kind):
     out = text.generate(model, prompts, 37, temperature=0.9, key=key, on_token=streamed.append)
     assert out.text == expected and out.steps.shape == out.converged.shape == (3, 37)
     assert [b"".join(col[i] for col in streamed) for i in range(3)] == expected
+    assert text.generate(model, prompts, 37, temperature=0.9, key=key).text == expected
     assert text.generate(model, "a", 0).text == b""
