@@ -141,6 +141,26 @@ def test_kernel_gradients_match_reference(rng, shapes, config):
         assert np.all(np.asarray(grads[0])[none] == 0)
 
 
+def test_tpu_row_vectors_span_several_squares_of_lanes(rng):
+    """The TPU kernels keep per-row vectors lane-dense in memory (`[B, 1, N]`) and repeated
+    along 128 lanes inside a kernel: with blocks of 256 queries (two squares of 128 rows) and
+    two query blocks, every row's log-sum-exp, output and gradients against float64."""
+    config = kernel.Config(mosaic=_mosaic.Blocks(256, 128), interpret="mosaic")
+    q, k, v, beta, mask = _kernel_inputs(rng, 2, 300, 200, 8, 4, (2, 300, 200))
+    g_out, g_lse = rng.normal(size=(2, 300, 4)), rng.normal(size=(2, 300))
+
+    def pull(fn):
+        (out, lse), vjp = jax.vjp(fn, q, k, v, beta)
+        return out, lse, vjp((g_out, g_lse))
+
+    *kernel_out, grads = pull(jax.jit(lambda *a: _core(*a, mask, config)))
+    *ref_out, ref = pull(lambda *a: reference.dense_attention_with_lse(*a, mask))
+    np.testing.assert_allclose(kernel_out[0], ref_out[0], rtol=1e-12, atol=1e-12)
+    _assert_lse(kernel_out[1], np.asarray(ref_out[1]), 1e-12)
+    for name, g, r in zip(("q", "k", "v", "beta"), grads, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10, err_msg=name)
+
+
 def test_kernel_gradients_match_finite_differences(rng):
     q, k, v, beta, mask = _kernel_inputs(rng, 2, 20, 18, 4, 3, (2, 20, 18))
     mask[..., 0, :] = True  # every lse finite: the loss below is smooth

@@ -95,10 +95,8 @@ class _Layout:
         return q, k, v, mask
 
     def row_vector(self, x):
-        """`[B, n]` -> the kernels' layout: `[B, N]`, or `[B, N, lanes]` repeated."""
-        x = _pad(x, 1, self.N)
-        lanes = self.kernels.LANES
-        return x if lanes == 1 else jnp.broadcast_to(x[..., None], x.shape + (lanes,))
+        """`[B, n]` -> the kernels' layout (padded to `N` rows)."""
+        return self.kernels.row_layout(_pad(x, 1, self.N))
 
     def kwargs(self, dtype):
         m_real = self.m if self.M != self.m else None
@@ -116,7 +114,7 @@ def _forward_with(name, config, q, k, v, beta, mask, *, interpret):
     out, lse = lay.kernels.forward(
         qp, kp, vp, beta.astype(dtype), mp, **lay.kwargs(dtype), interpret=interpret
     )
-    lse = lse[:, : lay.n] if lse.ndim == 2 else lse[:, : lay.n, 0]
+    lse = lay.kernels.row_values(lse, lay.n)
     out = jnp.zeros(v.shape[:1] + (lay.n, 0), v.dtype) if out is None else out
     return out[:, : lay.n, : lay.dv], lse
 

@@ -7,9 +7,12 @@ attention). Grids: forward and `dq` over (batch element, query block, key block)
 (batch element, key block, query block).
 
 TPU layouts: blocks from `default_blocks`'s table (or the whole, smaller, padded size); per-row
-statistics as `[rows, 128]` with the value repeated along the lanes, so the log-sum-exp comes out,
-and the backward's row vectors go in, as `[B, N, 128]` (the wrapper takes lane 0); `beta` in SMEM.
-The tile math is `_tile`'s, the same as on GPUs.
+statistics, inside a kernel, as `[rows, 128]` with the value repeated along the lanes (how Mosaic
+lays out a column best); in memory lane-dense, `[B, 1, N]`: the log-sum-exp
+comes out, the backward's row vectors go in, and `d beta`'s shares come out so, converted at the
+kernels' edges by `_to_row` and `_to_column` (1/128 of the memory the repeated layout
+took, `[B, N, 128]` float32, in a ring of long sequences: see `benchmarks/results/ring-*`);
+`beta` in SMEM. The tile math is `_tile`'s, the same as on GPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import functools as ft
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -56,6 +60,54 @@ def default_blocks(n: int, m: int, d: int, dv: int, dtype, *, compiled: bool = T
     width = _tile.pow2(max(d, dv))
     blocks = _TABLE.get((jnp.dtype(dtype).name, width), _LARGEST)
     return Blocks(min(blocks.block_q, _tile.pow2(n)), min(blocks.block_k, _tile.pow2(m)))
+
+
+def row_layout(x):
+    """A row vector `[B, N]` (padded) in the kernels' layout: `[B, 1, N]`."""
+    return x[:, None, :]
+
+
+def row_values(x, n: int):
+    """The first `n` rows' values of a row vector in the kernels' layout."""
+    return x[:, 0, :n]
+
+
+def _row_spec(block_q: int, index):
+    """Lane-dense row-vector blocks `[1, block_q]`; `index(*grid) -> (b, query block)`."""
+    return pl.BlockSpec((None, 1, block_q), lambda *g: (index(*g)[0], 0, index(*g)[1]))
+
+
+def _diagonal(size: int):
+    shape = (size, size)
+    return lax.broadcasted_iota(jnp.int32, shape, 0) == lax.broadcasted_iota(jnp.int32, shape, 1)
+
+
+def _to_row(stat):
+    """A per-row statistic `[rows, LANES]` (repeated along the lanes) as one lane-dense row
+    `[1, rows]`: per square of up to `LANES` rows, its diagonal, by a select and a sum over the
+    sublanes (no transpose; what is not selected adds an exact 0)."""
+    rows = stat.shape[0]
+    w = min(rows, LANES)
+    eye = _diagonal(w)
+    pieces = [
+        jnp.sum(jnp.where(eye, stat[c : c + w, :w], 0.0), axis=0, keepdims=True)
+        for c in range(0, rows, w)
+    ]
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+
+
+def _to_column(row):
+    """`_to_row`'s inverse: a lane-dense row `[1, rows]` as `[rows, LANES]`, each row's value
+    repeated along the lanes."""
+    rows = row.shape[1]
+    w = min(rows, LANES)
+    eye = _diagonal(w)
+    pieces = []
+    for c in range(0, rows, w):
+        square = jnp.broadcast_to(row[:, c : c + w], (w, w))
+        column = jnp.sum(jnp.where(eye, square, 0.0), axis=1, keepdims=True)
+        pieces.append(jnp.broadcast_to(column, (w, LANES)))
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=0)
 
 
 def _params():
@@ -117,13 +169,13 @@ def _forward_kernel(
     @pl.when(j == pl.num_programs(2) - 1)
     def _():
         out, lse = _tile.softmax_result((row_max, total, acc))
-        lse_ref[...] = lse
+        lse_ref[...] = _to_row(lse)
         if out_ref is not None:
             out_ref[...] = out.astype(out_ref.dtype)
 
 
 def forward(q, k, v, beta, mask, *, blocks: Blocks, m_real, dtype, interpret: bool):
-    """`(out [B, N, Dv] or None, lse [B, N, 128])` of padded inputs."""
+    """`(out [B, N, Dv] or None, lse)` of padded inputs (`lse` lane-dense, see `row_layout`)."""
     B, N, D = q.shape
     M = k.shape[1]
     bq, bk = blocks.block_q, blocks.block_k
@@ -147,10 +199,10 @@ def forward(q, k, v, beta, mask, *, blocks: Blocks, m_real, dtype, interpret: bo
             None if v is None else key_block(Dv),
             _mask_spec(mask, bq, bk, lambda b, i, j: (b, i, j)),
         ],
-        out_specs=[None if v is None else query_block(Dv), query_block(LANES)],
+        out_specs=[None if v is None else query_block(Dv), _row_spec(bq, lambda b, i, j: (b, i))],
         out_shape=[
             None if v is None else jax.ShapeDtypeStruct((B, N, Dv), v.dtype),
-            jax.ShapeDtypeStruct((B, N, LANES), dtype),
+            jax.ShapeDtypeStruct((B, 1, N), dtype),
         ],
         scratch_shapes=scratch,
         compiler_params=_params(),
@@ -191,9 +243,8 @@ def _dkdv_kernel(
     do = None if do_ref is None else do_ref[...]
     tile = None if mask_ref is None else mask_ref[...]
     ok = _tile.allowed(tile, (block_q, block_k), j * block_k, m_real)
-    p, ds = _tile.score_cotangent(
-        q, k_ref[...], v, do, beta * _tile.LOG2E, ok, lse2_ref[...], delta_ref[...], dtype
-    )
+    lse2, delta = (_to_column(r[...]) for r in (lse2_ref, delta_ref))
+    p, ds = _tile.score_cotangent(q, k_ref[...], v, do, beta * _tile.LOG2E, ok, lse2, delta, dtype)
     if v is not None:
         dv_acc[...] += _tile.dot_tn(p, do, dtype)
     dk_acc[...] += _tile.dot_tn(ds, q, dtype)
@@ -234,22 +285,22 @@ def _dq_kernel(
     do = None if do_ref is None else do_ref[...]
     tile = None if mask_ref is None else mask_ref[...]
     ok = _tile.allowed(tile, (block_q, block_k), j * block_k, m_real)
-    _, ds = _tile.score_cotangent(
-        q_ref[...], k, v, do, beta * _tile.LOG2E, ok, lse2_ref[...], delta_ref[...], dtype
-    )
+    lse2, delta = (_to_column(r[...]) for r in (lse2_ref, delta_ref))
+    _, ds = _tile.score_cotangent(q_ref[...], k, v, do, beta * _tile.LOG2E, ok, lse2, delta, dtype)
     dq_acc[...] += _tile.dot(ds.astype(k.dtype), k, dtype)
 
     @pl.when(j == pl.num_programs(2) - 1)
     def _():
         dq = dq_acc[...]
         dq_ref[...] = (beta * dq).astype(dq_ref.dtype)
-        # d(beta) = sum_i q_i . (ds k)_i, repeated along the lanes like the other row vectors.
+        # d(beta) = sum_i q_i . (ds k)_i: each row's share, lane-dense like the other row vectors
         share = jnp.sum(q_ref[...].astype(dtype) * dq, axis=1, keepdims=True)
-        dbeta_ref[...] = jnp.broadcast_to(share, dbeta_ref.shape)
+        dbeta_ref[...] = _to_row(jnp.broadcast_to(share, (block_q, LANES)))
 
 
 def backward(q, k, v, beta, mask, do, lse2, delta, *, blocks: Blocks, m_real, dtype, interpret):
-    """`(dq, dk, dv or None, dbeta)` of padded inputs; `lse2` and `delta` as `[B, N, 128]`."""
+    """`(dq, dk, dv or None, dbeta)` of padded inputs; `lse2` and `delta` lane-dense (see
+    `row_layout`)."""
     B, N, D = q.shape
     M = k.shape[1]
     bq, bk = blocks.block_q, blocks.block_k
@@ -267,7 +318,8 @@ def backward(q, k, v, beta, mask, do, lse2, delta, *, blocks: Blocks, m_real, dt
 
         specs = [_beta_spec(), queries(D), keys(D), None if v is None else keys(Dv)]
         specs.append(_mask_spec(mask, bq, bk, index))
-        specs += [None if v is None else queries(Dv), queries(LANES), queries(LANES)]
+        rows = _row_spec(bq, lambda *g: index(*g)[:2])
+        specs += [None if v is None else queries(Dv), rows, rows]
         return specs, queries, keys
 
     specs, _, keys = in_specs(lambda b, j, i: (b, i, j))
@@ -292,14 +344,14 @@ def backward(q, k, v, beta, mask, do, lse2, delta, *, blocks: Blocks, m_real, dt
         ft.partial(_dq_kernel, m_real=m_real, dtype=dtype),
         grid=(B, N // bq, M // bk),
         in_specs=specs,
-        out_specs=[queries(D), queries(LANES)],
+        out_specs=[queries(D), _row_spec(bq, lambda b, i, j: (b, i))],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
-            jax.ShapeDtypeStruct((B, N, LANES), dtype),
+            jax.ShapeDtypeStruct((B, 1, N), dtype),
         ],
         scratch_shapes=[pltpu.VMEM((bq, D), dtype)],
         compiler_params=_params(),
         interpret=interpret,
         name="eqattn_attention_dq",
     )(*args)
-    return dq, dk, dv, jnp.sum(dbeta[..., 0], axis=1)
+    return dq, dk, dv, jnp.sum(dbeta[:, 0], axis=1)

@@ -28,8 +28,18 @@ from jax.experimental.pallas import triton as plgpu
 
 from . import _tile
 
+
 # Per-row statistics are columns `[rows, 1]`; row vectors go in and out as `[B, N]`.
-LANES = 1
+def row_layout(x):
+    """A row vector `[B, N]` (padded) in the kernels' layout: as it is."""
+    return x
+
+
+def row_values(x, n: int):
+    """The first `n` rows' values of a row vector in the kernels' layout."""
+    return x[:, :n]
+
+
 # Triton launches at most 65535 programs along its second and third grid axes.
 _MAX_MINOR_GRID = 65535
 
