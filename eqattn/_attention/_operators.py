@@ -68,8 +68,8 @@ def attention_with_lse(
 
     The backward pass (a custom VJP, cotangents of both `out` and `lse`) recomputes the weights
     from the saved `lse` instead of storing the `n x m` attention matrix. It supports reverse-mode
-    autodiff (`grad`, `vjp`; on the XLA paths also reverse over reverse); forward-mode (`jvp`,
-    `jacfwd`) is not supported.
+    autodiff (`grad`, `vjp`; on the XLA paths and the fused kernel also reverse over reverse,
+    cuDNN's once only); forward-mode (`jvp`, `jacfwd`) is not supported.
 
     **Arguments:**
 

@@ -219,12 +219,12 @@ def _auto(
     queries, keys, values, mask, need_lse, chunk_size, tiling, causal, backend
 ) -> Literal["xla", "chunked", "cudnn", "pallas"]:
     """The rule for `"auto"` (stated in `select_implementation`'s docstring)."""
-    if not need_lse and mask is None:
-        if cudnn_unsupported(queries, keys, values, backend, causal) is None:
-            # a GPU with a measured table: the fused kernel where it was faster (both first-order)
+    if mask is None:
+        if backend == "gpu":  # a GPU with a measured table: the fused kernel where it was fastest
             measured = measured_choice(gpu_kind(), queries, keys, values, need_lse, causal)
             if measured == "pallas" and pallas_unsupported(queries, keys, values, backend) is None:
                 return "pallas"
+        if not need_lse and cudnn_unsupported(queries, keys, values, backend, causal) is None:
             return "cudnn"
     path = core_path(queries.shape[-2], keys.shape[-2], chunk_size, "auto", tiling)
     off_cpu = path.chunk is not None and backend != "cpu"
@@ -288,19 +288,18 @@ def select_implementation(
     defaults to `jax.default_backend()`; pass `"gpu"` to see what a GPU would run. An explicit
     choice that cannot run raises a `ValueError` saying why.
 
-    **The rule for `"auto"`** (the one place it is written): cuDNN's fused attention where it
-    can run the inputs and no log-sum-exp is asked for (an NVIDIA GPU; bf16/fp16 inputs of one
-    dtype; $d = d_v \le 128$ with $8 \mid d$; no mask; with `causal`, $n = m$), or there
-    eqattn's fused kernel where this GPU's kind has a measured table (`python -m
-    benchmarks.auto_tables`, from the committed results; `eqattn info` names it) and the
-    kernel was measured faster for inputs like these; else eqattn's
+    **The rule for `"auto"`** (the one place it is written): without a mask, on a GPU whose
+    kind has a measured table (`python -m benchmarks.auto_tables`, from the committed results;
+    `eqattn info` names it), eqattn's fused kernel where it was measured fastest for inputs
+    like these (with or without the log-sum-exp); else cuDNN's fused attention where it can run
+    the inputs and no log-sum-exp is asked for (an NVIDIA GPU; bf16/fp16 inputs of one dtype;
+    $d = d_v \le 128$ with $8 \mid d$; no mask; with `causal`, $n = m$); else eqattn's
     key-chunked pass (online softmax, memory $O(n \cdot \mathrm{chunk})$) when `chunk_size` is
     given or, off CPU, above `tiling.auto_chunk_logits` ($2^{26}$) logits per batch element;
     else `"xla"`, eqattn's one pass (on a CPU tile by tile over the queries, see
-    [`eqattn.Tiling`][]). Elsewhere `"pallas"` runs only when asked for, though the tables
-    measure it faster with the log-sum-exp: it and cuDNN differentiate once, and the XLA core,
-    which `"auto"` keeps there, is what a second derivative (the Jacobian penalty of DEQ
-    training) goes through. A program compiled for another
+    [`eqattn.Tiling`][]). The fused kernel and the XLA core differentiate twice (the Jacobian
+    penalty of DEQ training; the kernel's second-order terms run through the XLA core's
+    backward), cuDNN once. A program compiled for another
     platform than the host follows that platform: `"auto"` holds both cuDNN's call and the XLA
     core, and the compiler keeps the one for its target.
 

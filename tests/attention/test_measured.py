@@ -1,6 +1,6 @@
 """`implementation="auto"` on a GPU with a measured table: the committed table is what the
 committed results give, its lookup takes the nearest measured size and nothing unmeasured, and
-the fused kernel replaces cuDNN only where it was measured faster (both differentiate once);
+the fused kernel runs where it was measured fastest (with or without the log-sum-exp);
 elsewhere the rule stands. The GPU's kind is simulated: the tables are read on any host."""
 
 import jax
@@ -43,9 +43,12 @@ def test_auto_reads_the_gpus_table_where_the_rule_gives_cudnn(monkeypatch, kind)
     # H200: the fused kernel was faster than cuDNN at 1024 tokens (bfloat16, no log-sum-exp)
     assert select(small) == ("pallas" if kind == "NVIDIA H200" else "cudnn")
     assert select(large) == "cudnn"
-    # with the log-sum-exp, a mask or float32 the rule stands: the XLA core (twice differentiable)
-    assert select(large, need_lse=True) == "chunked" and select(small, need_lse=True) == "xla"
+    # with the log-sum-exp (bfloat16) the fused kernel was the fastest on both GPUs; float32 at
+    # 1024 tokens too (cuDNN takes neither); a mask was never measured: the rule stands
+    measured = kind is not None
+    assert select(large, need_lse=True) == ("pallas" if measured else "chunked")
+    assert select(small, need_lse=True) == ("pallas" if measured else "xla")
+    assert select(_x(1024, jnp.float32)) == ("pallas" if measured else "xla")
     assert select(small, mask=jnp.ones((1024, 1024), bool)) == "xla"
-    assert select(_x(1024, jnp.float32)) == "xla"
     # a CPU's choice never reads a GPU's table
     assert eqattn.select_implementation(small, small, backend="cpu") == "xla"

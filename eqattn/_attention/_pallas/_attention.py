@@ -27,6 +27,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 from jaxtyping import Array, Bool, Float
 
+from .. import _xla
+from .._plan import Tiling, core_path
 from . import _mosaic, _tile, _triton
 
 _KERNELS = {"triton": _triton, "mosaic": _mosaic}
@@ -186,7 +188,8 @@ def _first_order(fn):
 
     def no_second_order(res, cotangents):
         raise NotImplementedError(
-            "implementation='pallas' supports first-order reverse-mode differentiation only "
+            "the fused kernel's forward and backward passes called by themselves (as ring "
+            "attention's blocks are) support first-order reverse-mode differentiation only "
             "(grad, vjp); for higher orders use implementation='xla' or 'chunked'."
         )
 
@@ -242,19 +245,30 @@ def backward(
     return tuple(g.astype(dtype) for g in grads)
 
 
-@ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def attention_core(q, k, v, beta, mask, config=Config()):
-    """`(out, lse)` in the dtype of `v`, computed by the fused kernels."""
-    out, lse = _forward(q, k, v, beta, mask, config)
+    """`(out, lse)` in the dtype of `v`, computed by the fused kernels; differentiable twice
+    (see `_fused`)."""
+    out, lse = _fused(q, k, v, beta, mask, config)
     return out.astype(v.dtype), lse.astype(v.dtype)
 
 
-def _core_fwd(q, k, v, beta, mask, config):
-    out, lse = _forward(q, k, v, beta, mask, config)
-    return (out.astype(v.dtype), lse.astype(v.dtype)), (q, k, v, beta, mask, out, lse)
+@ft.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _fused(q, k, v, beta, mask, config):
+    r"""`(out in v's dtype, lse in the compute dtype)` by the fused kernels. Its VJP runs the
+    fused backward kernels; that VJP is itself differentiable: the residuals come from `_fused`
+    (the forward's derivative is this VJP) and the backward kernels' own derivative is that of
+    the XLA core's backward, the same formula (`_twice`). So a loss that differentiates
+    attention twice (a DEQ's Jacobian penalty) runs the kernels for the value and the gradient,
+    and XLA for the second-order terms only."""
+    return _forward(q, k, v, beta, mask, config)
 
 
-def _core_bwd(config, res, cotangents):
+def _fused_fwd(q, k, v, beta, mask, config):
+    out, lse = _fused(q, k, v, beta, mask, config)
+    return (out, lse), (q, k, v, beta, mask, out, lse)
+
+
+def _fused_bwd(config, res, cotangents):
     q, k, v, beta, mask, out, lse = res
     g_out, g_lse = cotangents
     if q.shape[1] == 0 or k.shape[1] == 0:
@@ -264,9 +278,57 @@ def _core_bwd(config, res, cotangents):
     # no key gets lse2 = 0; its weights are exp2(-inf) = 0 whatever the shift.
     delta = jnp.sum(g_out.astype(dtype) * out.astype(dtype), axis=-1) - g_lse.astype(dtype)
     lse2 = jnp.where(jnp.isfinite(lse), lse * _tile.LOG2E, 0.0)
-    backward = _first_order(ft.partial(_run, _backward_with, config))
-    dq, dk, dv, dbeta = backward(q, k, v, beta, mask, g_out.astype(v.dtype), lse2, delta)
+    args = (q, k, v, beta, mask, g_out.astype(v.dtype), lse2, delta)
+    dq, dk, dv, dbeta = _twice(config, *args)
     return dq, dk, dv, dbeta.astype(beta.dtype), None
 
 
-attention_core.defvjp(_core_fwd, _core_bwd)
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+@ft.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _twice(config, q, k, v, beta, mask, g_out, lse2, delta):
+    """The backward kernels, `(dq, dk, dv, dbeta)` from the base-2 `lse2` and the row term
+    `delta`; their VJP is that of `_xla_backward`."""
+    return _run(_backward_with, config, q, k, v, beta, mask, g_out, lse2, delta)
+
+
+def _twice_fwd(config, *args):
+    return _twice(config, *args), args
+
+
+def _twice_bwd(config, args, cotangents):
+    q, k, v, beta, mask, g_out, lse2, delta = args
+
+    def same(q, k, v, beta, g_out, lse2, delta):
+        return _xla_backward(q, k, v, beta, mask, g_out, lse2, delta)
+
+    _, vjp = jax.vjp(same, q, k, v, beta, g_out, lse2, delta)
+    dq, dk, dv, dbeta, d_out, d_lse2, d_delta = vjp(tuple(cotangents))
+    return dq, dk, dv, dbeta, None, d_out, d_lse2, d_delta
+
+
+_twice.defvjp(_twice_fwd, _twice_bwd)
+
+
+def _xla_backward(q, k, v, beta, mask, g_out, lse2, delta):
+    """What the backward kernels compute, by the XLA core's backward (one pass, or key chunks
+    off a CPU, as its `"auto"` path gives) in the kernels' output dtypes: the weights
+    $e^{s - \mathrm{lse}}$ with $\mathrm{lse} = \mathrm{lse}_2 / \log_2 e$, and `delta` the
+    whole row term (no separate log-sum-exp cotangent)."""
+    dtype = lse2.dtype
+    path = core_path(q.shape[1], k.shape[1], None, "auto", Tiling())
+    grads = _xla.backward(
+        q,
+        k,
+        v,
+        beta.astype(dtype),
+        mask,
+        lse2 / _tile.LOG2E,
+        delta,
+        g_out.astype(dtype),
+        jnp.zeros_like(delta),
+        path,
+        dtype,
+    )
+    return tuple(g.astype(x.dtype) for g, x in zip(grads, (q, k, v, lse2)))
