@@ -19,7 +19,8 @@ explicit baseline of equal parameters.
    and values), DEQ re-solving the whole prefix (from zeros, and warm-started from the previous
    fixed points), the explicit model with its key/value cache and re-running the prefix; and
    `eqattn.text.generate` end to end (`generate()`: sampling and the host's loop included, the
-   marginal time of a byte between 2 and as many bytes as fit the context without a slide).
+   marginal time of a byte between 2 and as many bytes as fit the context without a slide:
+   the median over the rounds of each round's difference, the two calls made back to back).
 4. (full run only) `--context 4096` at the command's batch (16): one DEQ training step in a
    fresh process (the command's step, which differentiates the windows in chunks of at most
    4096 tokens: here one window at a time), its peak resident memory (the 8 GB check) and the
