@@ -209,6 +209,13 @@ def _generation_rows(prompts, context, repeats, size) -> list[dict]:
     return rows
 
 
+def generation_rows() -> dict:
+    """The suite's generation rows (prompts of 256 and 1024 bytes, context 1088), for a fresh
+    process (`in_fresh_process`): after the training steps' rows, in the same process, the
+    small calls these rows time were slower, and varied from run to run by up to 2x."""
+    return {"rows": _generation_rows([256, 1024], context=1088, repeats=10, size={})}
+
+
 def context_step(context: int = 4096, batch: int = 16) -> dict:
     """One DEQ training step of `eqattn train --task text --context CONTEXT` at its batch (run in
     a fresh process by the suite, so the peak resident memory is this step's)."""

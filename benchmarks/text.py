@@ -21,6 +21,7 @@ explicit baseline of equal parameters.
    `eqattn.text.generate` end to end (`generate()`: sampling and the host's loop included, the
    marginal time of a byte between 2 and as many bytes as fit the context without a slide:
    the median over the rounds of each round's difference, the two calls made back to back).
+   (full and short runs) In a fresh process, as part 4.
 4. (full run only) `--context 4096` at the command's batch (16): one DEQ training step in a
    fresh process (the command's step, which differentiates the windows in chunks of at most
    4096 tokens: here one window at a time), its peak resident memory (the 8 GB check) and the
@@ -221,7 +222,7 @@ def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
     else:
         rows += _context_rows([256, 1024, 4096], tokens_per_step=4096, repeats=5, size={})
         rows += _solver_rows([5, 10, 20, 40], context=256, batch=16, repeats=5, size={})
-        rows += _generation_rows([256, 1024], context=1088, repeats=10, size={})
+        rows += in_fresh_process("benchmarks._text_speed", "generation_rows")["rows"]
     _print(rows)
     if not quick:
         long = in_fresh_process("benchmarks._text_speed", "context_step")
