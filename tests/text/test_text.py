@@ -57,7 +57,7 @@ def test_one_file_is_cut_into_pieces_and_bad_corpora_are_refused(tmp_path):
         text.load_corpus([tmp_path / "tiny.txt"])
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "x").write_bytes(b"\0" * 10)
-    with pytest.raises(ValueError, match="no text: 1 file, skipped: 1 binary\."):
+    with pytest.raises(ValueError, match=r"no text: 1 file, skipped: 1 binary\."):
         text.load_corpus([tmp_path / "bin"])
     with pytest.raises(FileNotFoundError, match="no such file"):
         text.load_corpus([tmp_path / "missing"])

@@ -312,7 +312,7 @@ _twice.defvjp(_twice_fwd, _twice_bwd)
 
 
 def _xla_backward(q, k, v, beta, mask, g_out, lse2, delta):
-    """What the backward kernels compute, by the XLA core's backward (one pass, or key chunks
+    r"""What the backward kernels compute, by the XLA core's backward (one pass, or key chunks
     off a CPU, as its `"auto"` path gives) in the kernels' output dtypes: the weights
     $e^{s - \mathrm{lse}}$ with $\mathrm{lse} = \mathrm{lse}_2 / \log_2 e$, and `delta` the
     whole row term (no separate log-sum-exp cotangent)."""
