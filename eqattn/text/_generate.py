@@ -111,8 +111,9 @@ def generate(
     [`eqattn.nn.extend`][]) solves only each new token's row; when the sequence fills
     `max_len`, the window slides: the cache is rebuilt from the last `max_len // 2` symbols
     (positions restart at 0). The bytes are drawn by compiled programs, one `lax.while_loop`
-    over as many tokens as the window has room for, so a byte costs no round trip to the host. `on_token(new_bytes)` is called once per byte (a list of
-    `bytes` per prompt for a batch), in calls of at most 16 bytes: for streaming.
+    over as many tokens as the window has room for, so a byte costs no round trip to the
+    host. `on_token(new_bytes)` is called once per byte (a list of `bytes` per prompt for a
+    batch), in calls of at most 16 bytes: for streaming.
 
     **Example:**
 

@@ -105,15 +105,6 @@ STREAMED = 16
 """The most bytes one call draws when they are streamed (`on_token`)."""
 
 
-class _Part(NamedTuple):
-    """One call's bytes, solver steps and convergence, `[B, >= length]`: the first `length`."""
-
-    new: Any
-    steps: Any
-    converged: Any
-    length: int
-
-
 class State(NamedTuple):
     """What a segment carries: the byte just drawn per row, the key, the cache, the solve that
     drew it, the symbols the cache holds (`window [B, context]`, `lengths [B]`) and the
@@ -142,7 +133,7 @@ def draw(model, history: list[list[int]], tokens: int, options: Options, key, st
     """`tokens` bytes after each row of `history` (its symbols, `START` first): the bytes
     `[B, tokens]` and their solves' steps and convergence, as numpy arrays. One call prefills,
     then one compiled loop per fill of the window (a slide: one call); `stream(bytes [B, n])`
-    sees each call's bytes as they come (then a call draws at most 16)."""
+    sees each call's bytes as they come (then a call draws at most `STREAMED`)."""
     import jax
 
     if tokens == 0:
@@ -152,17 +143,21 @@ def draw(model, history: list[list[int]], tokens: int, options: Options, key, st
     state = start(model, *batch(history, context), key, options)
     filled, left, parts = max(map(len, history)), tokens - 1, []
 
-    def keep(drawn, length: int = 1):  # each [B, >= length]: fetched at the end unless streamed
-        new, steps, converged = drawn
-        parts.append(_Part(new, steps, converged, length))
+    def keep(drawn, length: int = 1):
+        """A call's (bytes, steps, converged), each `[B, >= length]` of which the first `length`
+        columns count: fetched at the end unless streamed."""
+        parts.append((drawn, length))
         if stream is not None:
             stream(np.asarray(jax.device_get(drawn[0]))[:, :length])
 
-    keep([a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)])
+    def last(s: State):
+        return tuple(a[:, None] for a in (s.new, s.stats.steps, s.stats.converged))
+
+    keep(last(state))
     while left > 0:
         if filled >= context:  # the window slides: one call, one byte
             state = slide(model, state, options)
-            keep([a[:, None] for a in (state.new, state.stats.steps, state.stats.converged)])
+            keep(last(state))
             filled, left = context // 2, left - 1
             continue
         room = min(left, context - filled)
@@ -172,8 +167,7 @@ def draw(model, history: list[list[int]], tokens: int, options: Options, key, st
             state, drawn = run(model, state, options, np.asarray(length, np.int32), width)
             keep(drawn, length)
         filled, left = filled + room, left - room
-    fetched = jax.device_get([p[:3] for p in parts])
+    fetched = jax.device_get([drawn for drawn, _ in parts])
     return [
-        np.concatenate([f[i][:, : p.length] for f, p in zip(fetched, parts)], axis=1)
-        for i in range(3)
+        np.concatenate([f[i][:, :n] for f, (_, n) in zip(fetched, parts)], axis=1) for i in range(3)
     ]
