@@ -118,7 +118,7 @@ def _ring_attention_with_lse(queries, keys, values, beta, mask, *, mesh, axis, c
     split_mask = mask is not None and mask.shape[1] == n
     seq = P(None, axis, None)
     in_specs = (seq, seq, seq, P(), seq if split_mask else P())
-    ring = Ring(axis, size, causal, blocks)
+    ring = Ring(axis, size, causal, split_mask, blocks)
 
     def local(q, k, v, b, msk):
         # The custom VJP must see one kind of input: make the replicated ones device-varying

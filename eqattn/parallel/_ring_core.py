@@ -10,11 +10,18 @@ $$\mathrm{lse} = \log\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right), \qqua
   \mathrm{out} = e^{\mathrm{lse}_a - \mathrm{lse}}\,\mathrm{out}_a
                + e^{\mathrm{lse}_b - \mathrm{lse}}\,\mathrm{out}_b .$$
 
-The backward pass (a custom VJP) sends the key/value blocks around the ring again, each with
-the accumulators of its gradients: a device adds its queries' shares to the block in hand
-(weights recomputed from the saved global `lse`, as in the one-device core) and passes it on;
-after $P$ moves every block is home with its full gradient. A device holds its own blocks,
-one block in flight and its outputs: $O((n + m) d / P)$ memory, forward and backward.
+The backward pass (a custom VJP) sends the query blocks around the ring, each with its rows'
+statistics (`lse`, $\delta$), the output's cotangent and the accumulator of its gradient
+`dq`: a device adds the shares of the block in hand against its own keys (weights recomputed
+from the saved global `lse`, as in the one-device core) to that `dq` and to its own `dk`, `dv`,
+and passes the block on; after $P$ moves every `dq` is home, complete. With $n = m$ this moves
+fewer bytes than sending the keys and values with `dk`, `dv` (with bfloat16 inputs and float32
+accumulators, $6d + 2d_v$ bytes a row against $6d + 6d_v$), and a block in flight is held
+twice (sent and received). A mask with a row per query is redistributed once (an all-to-all:
+each device gets every query's columns of its own keys), so no mask travels. A device holds
+its own blocks, one block in flight and its outputs: $O((n + m) d / P)$ memory, forward and
+backward. The output and its cotangent stay in the inputs' dtype; statistics and
+accumulators are at least float32.
 
 Causal attention (query $i$ sees keys $j \le i$) splits the sequence into $2P$ chunks and gives
 device $i$ chunks $i$ and $2P - 1 - i$ (the "zig-zag" order): every device then has the same
@@ -49,6 +56,7 @@ class Ring:
     axis: str
     size: int  # devices on the ring
     causal: bool
+    split_mask: bool  # the mask has a row per query, split over the devices with them
     # What computes each pair of blocks (the engine's core or its fused kernel, whose forward
     # and backward keep no block of logits); a diagonal pair (queries and keys at the same
     # positions) by the engine's causal blocks, halved down to `blocks.leaf` queries.
@@ -185,21 +193,43 @@ def _ring_forward(ring: Ring, q, k, v, b, msk):
         return (acc, *sent)
 
     acc, k, v = lax.fori_loop(0, ring.size - 1, body, (acc, k, v))
-    return _block_forward(ring, me, (me + 1) % ring.size, q, k, v, b, msk, acc)
+    out, lse = _block_forward(ring, me, (me + 1) % ring.size, q, k, v, b, msk, acc)
+    return out.astype(v.dtype), lse
 
 
-def _block_backward(ring, me, src, res, k, v, grads):
-    """Add this device's queries' gradient shares with the key block of device `src`."""
-    q, b, msk, lse, delta, g_out, g_lse, dtype = res
+def _keys_mask(ring: Ring, msk, ml: int):
+    """The user's mask for this device's keys, per query block: `mask(owner)` gives the mask
+    `[1 or B, 1 or n/P, m/P]` of device `owner`'s queries against them (None without a mask).
+    A mask split with the queries is redistributed once by an all-to-all (every device sends
+    each other device its rows' columns of that device's keys), so no mask travels."""
+    if msk is None:
+        return lambda owner: None
+    me = lax.axis_index(ring.axis)
+    if not ring.split_mask:
+        cols = lax.dynamic_slice_in_dim(msk, me * ml, ml, axis=-1)
+        return lambda owner: cols
+    nl = msk.shape[1]
+    cols = lax.all_to_all(msk, ring.axis, split_axis=2, concat_axis=1, tiled=True)
+    return lambda owner: lax.dynamic_slice_in_dim(cols, owner * nl, nl, axis=1)
+
+
+def _block_backward(ring, owner, local, rows_in, grads):
+    """Add the gradient shares of device `owner`'s queries (in hand, with their rows'
+    `(q, lse, delta, g_out, g_lse)`) against this device's keys: to the queries' `dq` (which
+    travels with them) and to this device's `dk`, `dv`."""
+    k, v, b, keys_mask, dtype = local
+    q, lse, delta, g_out, g_lse = rows_in
     dq, dbeta, dk, dv = grads
+    me = lax.axis_index(ring.axis)
     nl, ml = q.shape[1], k.shape[1]
-    for rows, keys, col, chunks in _pairs(ring, me, src, nl, ml):
+    msk = keys_mask(owner)
+    for rows, keys, col, chunks in _pairs(ring, owner, me, nl, ml):
         qx, ky, vy = q[:, rows], k[:, keys], v[:, keys]
-        mask = _pair_mask(msk, rows, col, ky.shape[1])
-        rows_in = tuple(x[:, rows] for x in (lse, delta, g_out, g_lse))
+        mask = _pair_mask(msk, rows, col - me * ml, ky.shape[1])
+        rows_x = tuple(x[:, rows] for x in (lse, delta, g_out, g_lse))
 
-        def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask, rows_in=rows_in):
-            return _pair_backward(ring, qx, ky, vy, b, mask, rows_in, dtype, diag)
+        def pair(diag, qx=qx, ky=ky, vy=vy, mask=mask, rows_x=rows_x):
+            return _pair_backward(ring, qx, ky, vy, b, mask, rows_x, dtype, diag)
 
         if chunks is None:
             d = pair(False)
@@ -215,29 +245,23 @@ def _block_backward(ring, me, src, res, k, v, grads):
 
 def _ring_backward(ring: Ring, residuals, cotangents):
     q, k, v, b, msk, out, lse = residuals
-    dtype = out.dtype
-    g_out, g_lse = (g.astype(dtype) for g in cotangents)
-    delta = jnp.sum(g_out * out, axis=-1)
-    b = b.astype(dtype)
+    dtype = lse.dtype
+    g_out, g_lse = cotangents  # g_out in the dtype of the values, as `out`
+    delta = jnp.sum(g_out.astype(dtype) * out.astype(dtype), axis=-1)
     me = lax.axis_index(ring.axis)
-    res = (q, b, msk, lse, delta, g_out, g_lse, dtype)
-    grads = tuple(varying(jnp.zeros(x.shape, dtype), ring.axis) for x in (q, b))
+    local = (k, v, b.astype(dtype), _keys_mask(ring, msk, k.shape[1]), dtype)
+    rows_in = (q, lse, delta, g_out, g_lse.astype(dtype))
+    grads = tuple(varying(jnp.zeros(x.shape, dtype), ring.axis) for x in (q, b, k, v))
 
     def body(t, carry):
-        dq, dbeta, k, v, dk, dv = carry
-        sent = _shift(ring, k, v)  # on its way while this block is computed
-        dq, dbeta, dk, dv = _block_backward(
-            ring, me, (me - t) % ring.size, res, k, v, (dq, dbeta, dk, dv)
-        )
-        return (dq, dbeta, *sent, *_shift(ring, dk, dv))
+        rows_in, grads = carry
+        dq, dbeta, dk, dv = _block_backward(ring, (me - t) % ring.size, local, rows_in, grads)
+        rows_in, dq = _shift(ring, rows_in, dq)  # on to the next device: queries and their dq
+        return rows_in, (dq, dbeta, dk, dv)
 
-    dk0 = varying(jnp.zeros(k.shape, dtype), ring.axis)
-    dv0 = varying(jnp.zeros(v.shape, dtype), ring.axis)
-    dq, dbeta, k, v, dk, dv = lax.fori_loop(0, ring.size - 1, body, (*grads, k, v, dk0, dv0))
-    dq, dbeta, dk, dv = _block_backward(
-        ring, me, (me + 1) % ring.size, res, k, v, (dq, dbeta, dk, dv)
-    )
-    dk, dv = _shift(ring, dk, dv)  # home: each block's gradient, complete
+    rows_in, grads = lax.fori_loop(0, ring.size - 1, body, (rows_in, grads))
+    dq, dbeta, dk, dv = _block_backward(ring, (me + 1) % ring.size, local, rows_in, grads)
+    (dq,) = _shift(ring, dq)  # home: each query block's gradient, complete
     return (
         dq.astype(q.dtype),
         dk.astype(k.dtype),

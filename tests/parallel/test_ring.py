@@ -127,6 +127,37 @@ def test_ring_attention_float32_equals_one_device(rng, causal):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_bfloat16_errs_no_more_than_one_device(rng, causal):
+    """bfloat16 on 8 devices: outputs, log-sum-exps and gradients as close to the float64
+    result as one device's bfloat16 (the ring passes the output and its cotangent in bfloat16
+    and accumulates the gradients in float32)."""
+    mesh = _mesh((8,), ("seq",))
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 128, 32)), jnp.bfloat16) for _ in range(3))
+    c = rng.normal(size=(2, 4, 128, 32)).astype(np.float32)
+    mask = _causal(128) if causal else None
+
+    def loss(fn, q, k, v):
+        out, lse = fn(q, k, v)
+        return jnp.sum(out.astype(jnp.float32) * c) + jnp.sum(lse.astype(jnp.float32))
+
+    def ring(q, k, v):
+        return par.ring_attention_with_lse(q, k, v, mesh=mesh, axis="seq", beta=0.5, causal=causal)
+
+    def one(q, k, v):
+        return eqattn.attention_with_lse(q, k, v, beta=0.5, mask=mask)
+
+    def error(fn):
+        f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
+        for run in (jax.jit, lambda f: jax.jit(jax.grad(partial(loss, f), (0, 1, 2)))):
+            for a, r in zip(run(fn)(q, k, v), run(one)(*f64), strict=True):
+                assert a.dtype == jnp.bfloat16
+                yield float(np.abs(np.asarray(a, np.float64) - r).max() / np.abs(r).max())
+
+    for e_ring, e_one in zip(error(ring), error(one), strict=True):
+        assert e_one < 1e-2 and e_ring <= 1.25 * e_one + 1e-4, (e_ring, e_one)
+
+
 def test_ring_attention_output_is_sharded_like_the_queries(rng):
     mesh = _mesh((8,), ("seq",))
     q = rng.normal(size=(2, 64, 8)).astype(np.float32)
