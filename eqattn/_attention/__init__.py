@@ -37,6 +37,7 @@ from ._operators import (
 from ._plan import (
     Tiling as Tiling,
     check_tiling as check_tiling,
+    second_order as second_order,
     select_implementation as select_implementation,
 )
 from ._prepare import (

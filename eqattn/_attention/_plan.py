@@ -8,6 +8,8 @@ written once, in `select_implementation`'s docstring and in [`_auto`][]. The XLA
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools as ft
 import math
@@ -183,6 +185,24 @@ def pallas_unsupported(queries, keys, values, backend: str) -> str | None:
     return None
 
 
+# Set while tracing something that will be differentiated twice (`second_order`).
+_SECOND_ORDER = contextvars.ContextVar("eqattn_second_order", default=False)
+
+
+@contextlib.contextmanager
+def second_order():
+    """Attention traced inside will be differentiated twice (what `eqattn.jacobian_frobenius`
+    traces: a Jacobian penalty's vector-Jacobian products, which the training loss
+    differentiates again). jax differentiates cuDNN's call once, so inside, `"auto"` leaves
+    cuDNN out and `implementation="cudnn"` is refused; the plan is made at trace time, so this
+    holds for everything traced inside."""
+    token = _SECOND_ORDER.set(True)
+    try:
+        yield
+    finally:
+        _SECOND_ORDER.reset(token)
+
+
 @ft.cache
 def gpu_kind() -> str | None:
     """The device kind of this process's first GPU (`jax.devices("gpu")`), None without one."""
@@ -224,7 +244,8 @@ def _auto(
             measured = measured_choice(gpu_kind(), queries, keys, values, need_lse, causal)
             if measured == "pallas" and pallas_unsupported(queries, keys, values, backend) is None:
                 return "pallas"
-        if not need_lse and cudnn_unsupported(queries, keys, values, backend, causal) is None:
+        once = not need_lse and not _SECOND_ORDER.get()
+        if once and cudnn_unsupported(queries, keys, values, backend, causal) is None:
             return "cudnn"
     path = core_path(queries.shape[-2], keys.shape[-2], chunk_size, "auto", tiling)
     off_cpu = path.chunk is not None and backend != "cpu"
@@ -253,6 +274,11 @@ def plan(
     if implementation in ("cudnn", "pallas"):
         if implementation == "cudnn":
             reason = cudnn_unsupported(queries, keys, values, backend, causal)
+            if _SECOND_ORDER.get():
+                reason = (
+                    "jax differentiates cuDNN's call once, and this is traced to be "
+                    "differentiated twice (a Jacobian penalty); use 'auto', 'xla' or 'pallas'"
+                )
         else:
             reason = pallas_unsupported(queries, keys, values, backend)
         if reason is not None:
@@ -299,7 +325,9 @@ def select_implementation(
     else `"xla"`, eqattn's one pass (on a CPU tile by tile over the queries, see
     [`eqattn.Tiling`][]). The fused kernel and the XLA core differentiate twice (the Jacobian
     penalty of DEQ training; the kernel's second-order terms run through the XLA core's
-    backward), cuDNN once. A program compiled for another
+    backward), cuDNN once: what [`eqattn.jacobian_frobenius`][] traces (the penalty's
+    vector-Jacobian products) `"auto"` never gives to cuDNN, and elsewhere a loss that
+    differentiates attention twice on a GPU names `"xla"` or `"pallas"`. A program compiled for another
     platform than the host follows that platform: `"auto"` holds both cuDNN's call and the XLA
     core, and the compiler keeps the one for its target.
 

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
+from .._attention import second_order
+
 
 def _flat_vjp(fn, z, args):
     x, unravel = ravel_pytree(z)
@@ -24,7 +26,9 @@ def jacobian_frobenius(
 ) -> Float[Array, ""]:
     r"""Hutchinson estimate of $\lVert J\rVert_F^2 = \mathbb{E}_{v\sim N(0, I)}\lVert v^\top
     J\rVert^2$ at `z`, averaged over `samples` probes. Unbiased; add it (times a small weight) to a
-    loss to keep the fixed point well conditioned.
+    loss to keep the fixed point well conditioned. Attention inside `fn` is traced to be
+    differentiated twice: `implementation="auto"` leaves out cuDNN, which differentiates once
+    (see [`eqattn.select_implementation`][]).
 
     **Example:**
 
@@ -39,7 +43,8 @@ def jacobian_frobenius(
     """
     if samples < 1:
         raise ValueError(f"`samples` must be >= 1; got {samples}.")
-    x, vjp = _flat_vjp(fn, z, args)
+    with second_order():  # the estimate is differentiated again (a training loss)
+        x, vjp = _flat_vjp(fn, z, args)
     probes = jax.random.normal(key, (samples,) + x.shape, x.dtype)
     return jnp.mean(jax.vmap(lambda v: jnp.sum(vjp(v) ** 2))(probes))
 

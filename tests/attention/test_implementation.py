@@ -1,13 +1,15 @@
 """`implementation=`: the selection logic (on any machine), eqattn's wrapper around cuDNN's fused
 attention (run on CPU through XLA's version of the same call), and the real cuDNN kernel on a GPU."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import eqattn
-from eqattn._attention import _cudnn, _plan
+from eqattn._attention import _backends, _cudnn, _plan
 
 from .. import reference
 
@@ -194,6 +196,94 @@ def test_mha_passes_implementation(fused_on_cpu, monkeypatch, getkey):
     x = jax.random.normal(getkey(), (5, 16))
     np.testing.assert_allclose(mha(x, x), xla(x, x), rtol=1e-5, atol=1e-6)
     assert calls  # the cuDNN route was taken
+
+
+def _opaque(name, fn):
+    """A primitive computing `fn` (arrays in, a tuple of arrays out) that jax cannot
+    differentiate, as cuDNN's forward and backward calls."""
+    from jax.core import ShapedArray
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(fn)
+    prim.def_abstract_eval(
+        lambda *a, **kw: [
+            ShapedArray(s.shape, s.dtype) for s in jax.eval_shape(partial(fn, **kw), *a)
+        ]
+    )
+    mlir.register_lowering(prim, mlir.lower_fun(fn, multiple_results=True))
+    return prim
+
+
+_XLA_DPA = partial(jax.nn.dot_product_attention, implementation="xla")  # (before any patch)
+
+
+def _dpa(q, k, v, mask, *, scale, causal):
+    q, k, v = (x[:, :, None] for x in (q, k, v))
+    return _XLA_DPA(q, k, v, mask=mask[:, None], scale=scale, is_causal=causal)[:, :, 0]
+
+
+_FAKE_FWD = _opaque("opaque_forward_call", lambda *a, **kw: (_dpa(*a, **kw),))
+_FAKE_BWD = _opaque(
+    "opaque_backward_call",
+    lambda q, k, v, m, g, **kw: jax.vjp(lambda *x: _dpa(*x, m, **kw), q, k, v)[1](g),
+)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _fake_cudnn(q, k, v, mask, scale, causal):
+    return _FAKE_FWD.bind(q, k, v, mask, scale=scale, causal=causal)[0]
+
+
+def _fake_cudnn_fwd(q, k, v, mask, scale, causal):  # as jax's: the forward call, bound
+    return _FAKE_FWD.bind(q, k, v, mask, scale=scale, causal=causal)[0], (q, k, v, mask)
+
+
+def _fake_cudnn_bwd(scale, causal, res, g):
+    return (*_FAKE_BWD.bind(*res, g, scale=scale, causal=causal), None)
+
+
+_fake_cudnn.defvjp(_fake_cudnn_fwd, _fake_cudnn_bwd)
+
+
+def test_jacobian_penalty_leaves_cudnn_out(rng, fused_on_cpu, monkeypatch):
+    """cuDNN's call (here a stand-in with its differentiation structure: a custom VJP whose
+    forward and backward rules are calls jax cannot differentiate) differentiates once. Where
+    `"auto"` gives it attention, a Jacobian penalty's vector-Jacobian products (traced to be
+    differentiated again) take eqattn's core: the loss's gradient matches the core's, and
+    `implementation="cudnn"` there is refused early, naming why."""
+
+    def fused(q, k, v, mask=None, *, scale, is_causal, implementation):  # BTNH, one head
+        q, k, v = (x[:, :, 0] for x in (q, k, v))
+        shape = (q.shape[0], q.shape[1], k.shape[1])
+        mask = jnp.ones(shape, bool) if mask is None else jnp.broadcast_to(mask[:, 0], shape)
+        return _fake_cudnn(q, k, v, mask, scale, is_causal)[:, :, None]
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", fused)
+    monkeypatch.setattr(_backends, "cudnn_buildable", lambda: False)  # no CUDA program beside
+    z, w = (jnp.asarray(rng.normal(size=s), F32) for s in ((6, 8), (8, 8)))
+    assert eqattn.select_implementation(z, z) == "cudnn"  # "auto", first order: cuDNN
+
+    def step(implementation):
+        return lambda z, w: jnp.tanh(eqattn.attention(z @ w, z, z, implementation=implementation))
+
+    def loss(implementation, w):
+        fn = step(implementation)
+        penalty = eqattn.jacobian_frobenius(fn, z, w, key=jax.random.key(0), samples=2)
+        return penalty + jnp.sum(fn(z, w) ** 2)
+
+    grad_of = jax.grad(partial(loss, "xla"))(w)
+    np.testing.assert_allclose(jax.grad(partial(loss, "auto"))(w), grad_of, rtol=1e-5, atol=1e-6)
+
+    def twice(w):  # the same second derivative, traced without the penalty: refused by jax
+        return jnp.sum(jax.grad(lambda w: jnp.sum(step("auto")(z, w)))(w) ** 2)
+
+    with pytest.raises(NotImplementedError, match="opaque_forward_call"):
+        jax.grad(twice)(w)
+    with pytest.raises(ValueError, match="differentiates cuDNN's call once"):
+        jax.grad(partial(loss, "cudnn"))(w)
 
 
 # --- on a GPU: the real kernel -----------------------------------------------------------------
