@@ -15,7 +15,7 @@ import numpy as np
 import eqattn
 from eqattn.train import TextTask, build_model, optimizer_of, text_configs
 
-from ._harness import External, time_interleaved
+from ._harness import External, time_interleaved, time_jitted
 
 MB = 2**20
 
@@ -174,20 +174,24 @@ def _generate_row(prompt, model, timings, lengths, base, batch: int = 1) -> dict
 
 
 def _generation_rows(prompts, context, repeats, size) -> list[dict]:
+    """Per prompt length: each model's single calls (a cached byte, the window re-solved),
+    each timed on its own, call after call, and the end-to-end `generate()` calls round-robin
+    (their rows are paired differences). Round-robin with the end-to-end calls, which take a
+    hundred times longer, a cached byte's call came out 2.2-2.7x slower than on its own (one
+    process, two runs of each way at commit 3a8a4fb)."""
     rows = []
     for prompt in prompts:
-        cases = {}
+        timings, ends = {}, {}
         for model in ("deq", "explicit"):
             m = build_model(text_configs(model, context=context, **size)[0], jax.random.key(0))
-            for mode, case in _generation_cases(m, prompt).items():
-                cases[(model, mode)] = case
+            for mode, (fn, *args) in _generation_cases(m, prompt).items():
+                timings[(model, mode)] = time_jitted(fn, *args, repeats=repeats)
             generate_cases, lengths = _generate_cases(m, prompt, context)
-            cases.update({(model, mode): case for mode, case in generate_cases.items()})
-        timings = time_interleaved(cases, repeats=repeats)
+            ends.update({(model, mode): case for mode, case in generate_cases.items()})
+        single = dict(timings)
+        timings.update(time_interleaved(ends, repeats=repeats))
         base = timings[("deq", "cached")]["median_s"]
-        for (model, mode), t in timings.items():
-            if mode in lengths:  # the end-to-end pair: one row below
-                continue
+        for (model, mode), t in single.items():
             rows.append(
                 {
                     "part": "generation",
