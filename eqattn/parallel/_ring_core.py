@@ -301,7 +301,8 @@ def make_inert_per_device(ring: Ring, q, k, v, msk, m: int):
 
 @ft.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def ring_core(ring: Ring, q, k, v, b, msk):
-    """Per device: `(out, lse)` in the compute dtype of its queries against all keys."""
+    """Per device: `(out, lse)` of its queries against all keys, `out` in the dtype of the
+    values, `lse` in the compute dtype (at least float32)."""
     return _ring_forward(ring, q, k, v, b, msk)
 
 
