@@ -255,9 +255,10 @@ def _ring_backward(ring: Ring, residuals, cotangents):
 
     def body(t, carry):
         rows_in, grads = carry
+        sent = _shift(ring, *rows_in)  # on its way while this block is computed
         dq, dbeta, dk, dv = _block_backward(ring, (me - t) % ring.size, local, rows_in, grads)
-        rows_in, dq = _shift(ring, rows_in, dq)  # on to the next device: queries and their dq
-        return rows_in, (dq, dbeta, dk, dv)
+        (dq,) = _shift(ring, dq)  # then its gradient, with this device's share
+        return sent, (dq, dbeta, dk, dv)
 
     rows_in, grads = lax.fori_loop(0, ring.size - 1, body, (rows_in, grads))
     dq, dbeta, dk, dv = _block_backward(ring, (me + 1) % ring.size, local, rows_in, grads)
