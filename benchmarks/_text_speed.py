@@ -177,8 +177,8 @@ def _generation_rows(prompts, context, repeats, size) -> list[dict]:
     """Per prompt length: each model's single calls (a cached byte, the window re-solved),
     each timed on its own, call after call, and the end-to-end `generate()` calls round-robin
     (their rows are paired differences). Round-robin with the end-to-end calls, which take a
-    hundred times longer, a cached byte's call came out 2.2-2.7x slower than on its own (one
-    process, two runs of each way at commit 3a8a4fb)."""
+    hundred times longer, a cached byte's call came out 2.2-2.7x slower than on its own (a
+    trial at commit 3a8a4fb: one process, two runs of each way, not kept in the results)."""
     rows = []
     for prompt in prompts:
         timings, ends = {}, {}
