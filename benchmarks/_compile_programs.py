@@ -143,10 +143,10 @@ def _train_step():
 
     from . import training
 
-    name, model, train = next(c for c in training._configs(False) if c[0] == training.DEFAULTS)
+    _, config = next(c for c in training._configs(False) if c[0] == training.DEFAULTS)
     x = jnp.zeros((64, 8, 8), jnp.float32)
     y = jnp.asarray(np.arange(64) % 10, jnp.int32)
-    return training._step_case(model, train, x, y)
+    return training._step_case(config, x, y)
 
 
 def _implicit_gradient():

@@ -13,21 +13,22 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqattn
-from eqattn.train import TextTask, build_model, optimizer_of, text_configs
+from eqattn.text import TextConfig, TextTask
+from eqattn.train import optimizer_of
 
 from ._harness import External, time_interleaved, time_jitted
 
 MB = 2**20
 
 
-def _step(model_config, config, batch):
+def _step(config: TextConfig, batch):
     """(the training step as a jittable function of arrays, its example arguments)."""
-    model = build_model(model_config, jax.random.key(0))
+    model = TextTask.build_model(config, jax.random.key(0))
     optimizer = optimizer_of(config, 1000)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    step = TextTask.train_step(model_config, config, optimizer)
+    step = TextTask.train_step(config, optimizer)
     params, static = eqx.partition(model, eqx.is_array)
-    context = model_config.context
+    context = config.context
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32)
     labels = (jnp.asarray(rng.integers(0, 256, (batch, context)), jnp.int32), jnp.ones(x.shape))
@@ -47,7 +48,7 @@ def _context_rows(contexts, tokens_per_step, repeats, size) -> list[dict]:
         batch = max(1, tokens_per_step // context)
         cases = {}
         for model in ("explicit", "deq"):
-            fn, args = _step(*text_configs(model, context=context, **size), batch)
+            fn, args = _step(TextConfig(model=model, context=context, **size), batch)
             cases[model] = (fn, *args)
         timings = time_interleaved(cases, repeats=repeats)
         for model, t in timings.items():
@@ -70,8 +71,7 @@ def _context_rows(contexts, tokens_per_step, repeats, size) -> list[dict]:
 def _solver_rows(budgets, context, batch, repeats, size) -> list[dict]:
     cases = {}
     for steps in budgets:
-        model_config, config = text_configs(
-            "deq",
+        config = TextConfig(
             context=context,
             rtol=1e-12,
             max_steps=steps,
@@ -79,7 +79,7 @@ def _solver_rows(budgets, context, batch, repeats, size) -> list[dict]:
             adjoint="implicit",
             **size,
         )
-        fn, args = _step(model_config, config, batch)
+        fn, args = _step(config, batch)
         cases[steps] = (fn, *args)
     timings = time_interleaved(cases, repeats=repeats)
     jax.clear_caches()
@@ -183,7 +183,8 @@ def _generation_rows(prompts, context, repeats, size) -> list[dict]:
     for prompt in prompts:
         timings, ends = {}, {}
         for model in ("deq", "explicit"):
-            m = build_model(text_configs(model, context=context, **size)[0], jax.random.key(0))
+            config = TextConfig(model=model, context=context, **size)
+            m = TextTask.build_model(config, jax.random.key(0))
             for mode, (fn, *args) in _generation_cases(m, prompt).items():
                 timings[(model, mode)] = time_jitted(fn, *args, repeats=repeats)
             generate_cases, lengths = _generate_cases(m, prompt, context)
@@ -225,8 +226,7 @@ def context_step(context: int = 4096, batch: int = 16) -> dict:
     a fresh process by the suite, so the peak resident memory is this step's)."""
     import resource
 
-    model_config, config = text_configs("deq", context=context, batch_size=batch)
-    fn, args = _step(model_config, config, batch)
+    fn, args = _step(TextConfig(context=context, batch_size=batch), batch)
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0

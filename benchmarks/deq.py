@@ -106,7 +106,7 @@ def _ours(p: Problem, solver, adjoint):
             (weights, x),
             solver=solver,
             adjoint=adjoint,
-            max_steps=MAX_STEPS,
+            budget=MAX_STEPS,
         )
 
     def forward(weights, x):

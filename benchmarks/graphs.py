@@ -56,8 +56,8 @@ def _runs(quick: bool) -> list[tuple[str, str, dict, int]]:
 
 def _train(model: str, settings: dict, seed: int, out: Path, quick: bool) -> dict:
     extra = dict(epoch_steps=100, epochs=1) if quick else {}
-    model_config, config = train.configs("graphs", model, seed=seed, **settings, **extra)
-    return train.train(model_config, config, out, progress=False)
+    config = graphs.GraphConfig(model=model, seed=seed, **settings, **extra)
+    return train.train(graphs.GraphTask(config), out, progress=False)
 
 
 def _graph_set(n: int, count: int, family: str):
@@ -135,7 +135,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             out = Path(tmp) / f"{case}-{seed}".replace(" ", "-")
             metrics = _train(model, settings, seed, out, quick)
             t0 = time.perf_counter()
-            evaluation = train.evaluate(out, progress=False)
+            evaluation = train.evaluate(out, graphs.GraphTask, progress=False)
             row = dict(
                 part="run",
                 case=case,

@@ -41,7 +41,8 @@ from pathlib import Path
 import jax
 
 import eqattn
-from eqattn.train import text_configs, train
+from eqattn import text
+from eqattn.train import train
 
 from ._harness import (
     in_fresh_process,
@@ -99,11 +100,12 @@ def _paired(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:  # round-robin: each DEQ run beside the explicit run of its seed
             for i, (model, fields) in enumerate(cases):
-                model_config, config = text_configs(
-                    model, seed=seed, **(small if quick else {}), **fields
+                config = text.TextConfig(
+                    model=model, seed=seed, **(small if quick else {}), **fields
                 )
                 out = f"{tmp}/{i}-{seed}"
-                runs[model, _case(fields)][seed] = train(model_config, config, out, progress=False)
+                task = text.TextTask(config)
+                runs[model, _case(fields)][seed] = train(task, out, progress=False)
                 jax.clear_caches()
     explicit = runs["explicit", "defaults"]
     return [_paired_row(model, case, results, explicit) for (model, case), results in runs.items()]

@@ -30,9 +30,8 @@ import jax.numpy as jnp
 
 import eqattn
 from eqattn import text
-from eqattn.train import load_model, text_configs, train
-from eqattn.train._text import corpus_of
-from eqattn.train._text_scores import bits_per_byte, cached_bits_per_byte
+from eqattn.text import bits_per_byte, cached_bits_per_byte, corpus_of
+from eqattn.train import load_model, train
 
 from ._harness import markdown_table, print_table
 
@@ -68,8 +67,8 @@ def _anchors(documents) -> list[dict]:
 
 
 def _train(model: str, fields: dict, out: str) -> dict:
-    model_config, config = text_configs(model, **fields)
-    metrics = train(model_config, config, out, progress=False)
+    config = text.TextConfig(model=model, **fields)
+    metrics = train(text.TextTask(config), out, progress=False)
     jax.clear_caches()
     return metrics
 
@@ -103,7 +102,7 @@ def _frontier(small: dict, depths, tmp: str) -> tuple[list[dict], str]:
 
 def _test_time(run: str, budgets) -> list[dict]:
     """The DEQ's test bits per byte against the solver budget, through the cache and jointly."""
-    model, config, header = load_model(run, max_steps=max(budgets))
+    model, config, header = load_model(run, text.TextTask, max_steps=max(budgets))
     windows = text.evaluation_windows(corpus_of(header).test, config.context)
     rows = []
     for budget in budgets:
@@ -129,7 +128,7 @@ def _kept(fields: dict, tmp: str) -> list[dict]:
     for model in ("deq", "explicit"):
         out = f"{tmp}/kept-{model}"
         metrics = _train(model, fields, out)
-        loaded = load_model(out).model
+        loaded = text.load_model(out)
         sample = text.generate(loaded, PROMPT, SAMPLE_BYTES, temperature=0.8, top_k=None)
         rows.append(
             _run_row(

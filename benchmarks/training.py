@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqattn import data
-from eqattn.train import DigitsTask, ModelConfig, TrainConfig, build_model, optimizer_of, train
+from eqattn.digits import DigitsConfig, DigitsTask, load_digits, tokenize
+from eqattn.train import optimizer_of, train
 
 from ._harness import markdown_table, print_table, seeds_cell, time_interleaved
 
@@ -64,7 +64,7 @@ _PREVIOUS = dict(
 )
 _NEUMANN = dict(_PREVIOUS, solver="picard", rtol=1e-2, backward_solver="picard", backward_steps=5)
 
-_FULL = dict(train_steps=None)  # the whole step budget while training, as at test time
+_FULL = dict(train_steps=30)  # the whole step budget while training, as at test time
 
 DEFAULTS = "eqattn train defaults: lr 3e-3, budget 10, Anderson backward (4 steps)"
 SEEDS = (0, 1, 2, 3, 4)
@@ -72,7 +72,7 @@ SEEDS = (0, 1, 2, 3, 4)
 # about 2 points, and seeds 0 to 4 alone put the previous defaults 0.5 points above seeds 5 to 9.
 TARGET_SEEDS = tuple(range(10))
 
-# (name, ModelConfig fields, TrainConfig fields)
+# (name, the model's and solver's fields, the training's fields) of `DigitsConfig`
 CASES = [
     ("explicit (baseline)", _EXPLICIT, {}),
     ("DEQ, first defaults", _PREVIOUS, _FULL),
@@ -127,23 +127,22 @@ def _configs(quick: bool, short: bool = False):
     extra = dict(train_size=64, epochs=1) if quick else {}
     chosen = _QUICK if quick else _SHORT if short else None
     return [
-        (name, ModelConfig(**model), TrainConfig(**train_fields, **extra))
+        (name, DigitsConfig(**model, **train_fields, **extra))
         for name, model, train_fields in CASES
         if chosen is None or name in chosen
     ]
 
 
-def _step_case(model_config: ModelConfig, config: TrainConfig, x, y):
+def _step_case(config: DigitsConfig, x, y):
     """(step, its arguments) for one training step on `x, y` with fresh parameters."""
-    model_config = dataclasses.replace(model_config, num_tokens=x.shape[1], in_features=x.shape[2])
-    model = build_model(model_config, jax.random.key(0))
+    model = DigitsTask.build_model(config, jax.random.key(0))
     optimizer = optimizer_of(config, 1000)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    step = DigitsTask.train_step(model_config, config, optimizer)
+    step = DigitsTask.train_step(config, optimizer)
     params, static = eqx.partition(model, eqx.is_array)
     z0 = None
-    if model_config.model == "deq" and config.warm_start:
-        z0 = jnp.zeros((x.shape[0], x.shape[1], model_config.dim), x.dtype)
+    if config.model == "deq" and config.warm_start:
+        z0 = jnp.zeros((x.shape[0], x.shape[1], config.dim), x.dtype)
 
     def run(params, opt_state, x, y, key, z0):
         model, opt_state, loss, stats, z = step(
@@ -155,19 +154,19 @@ def _step_case(model_config: ModelConfig, config: TrainConfig, x, y):
 
 
 def _step_times(configs, repeats):
-    digits = data.load_digits()
-    x = jnp.asarray(data.tokenize(digits.train_images[:64], "rows"))
+    digits = load_digits()
+    x = jnp.asarray(tokenize(digits.train_images[:64], "rows"))
     y = jnp.asarray(digits.train_labels[:64])
     cases = {}
-    for name, model_config, config in configs:
-        run, args = _step_case(model_config, config, x, y)
+    for name, config in configs:
+        run, args = _step_case(config, x, y)
         cases[name] = (run, *args)
     timings = time_interleaved(cases, repeats=repeats)
     base = timings[configs[0][0]]["median_s"]
     return {name: (t["median_s"], t["median_s"] / base) for name, t in timings.items()}
 
 
-def _row(name, model_config, config, results, baseline, step) -> dict:
+def _row(name, config, results, baseline, step) -> dict:
     """One case's row: its accuracies over seeds, its step time, and its training time over the
     baseline's, paired by seed (the median of the per-seed ratios)."""
     runs = list(results.values())
@@ -175,12 +174,7 @@ def _row(name, model_config, config, results, baseline, step) -> dict:
     step_s, ratio = step
     return {
         "case": name,
-        "model_config": {
-            k: v
-            for k, v in dataclasses.asdict(model_config).items()
-            if k not in ("num_tokens", "in_features")
-        },
-        "train_config": dataclasses.asdict(config),
+        "config": dataclasses.asdict(config),
         "step_ms": 1e3 * step_s,
         "step_ratio_to_explicit": ratio,
         "accuracy_mean": statistics.mean(accs),
@@ -204,30 +198,26 @@ def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
     configs = _configs(quick, short)
     seeds = {
         name: (0,) if quick or short else TARGET_SEEDS if name in _TARGET else SEEDS
-        for name, _, _ in configs
+        for name, _ in configs
     }
     steps = _step_times(configs, repeats=2 if quick else 20)
     rows = []
-    results = {name: {} for name, _, _ in configs}
+    results = {name: {} for name, _ in configs}
     with tempfile.TemporaryDirectory() as tmp:
         # Round-robin over the cases, seed by seed: each case's run sits next to the baseline's
         # run of the same seed, so a slow spell of the machine weighs on all cases alike.
         for seed in sorted(set().union(*seeds.values())):
-            for i, (name, model_config, config) in enumerate(configs):
+            for i, (name, config) in enumerate(configs):
                 if seed not in seeds[name]:
                     continue
-                results[name][seed] = train(
-                    model_config,
-                    dataclasses.replace(config, seed=seed),
-                    f"{tmp}/{i}-{seed}",
-                    progress=False,
-                )
+                task = DigitsTask(dataclasses.replace(config, seed=seed))
+                results[name][seed] = train(task, f"{tmp}/{i}-{seed}", progress=False)
                 # Each run compiles its own programs; without this, 70 runs exhaust the
                 # process's memory maps for compiled code.
                 jax.clear_caches()
         baseline = results[configs[0][0]]
-        for name, model_config, config in configs:
-            rows.append(_row(name, model_config, config, results[name], baseline, steps[name]))
+        for name, config in configs:
+            rows.append(_row(name, config, results[name], baseline, steps[name]))
             print(
                 f"{name}: accuracy {rows[-1]['accuracies']}, step {rows[-1]['step_ms']:.2f} ms "
                 f"({rows[-1]['step_ratio_to_explicit']:.2f}x)"
@@ -256,6 +246,11 @@ def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
     }
 
 
+def _model(row: dict) -> str:
+    """A row's model (files written before the one configuration record it in "model_config")."""
+    return (row.get("config") or row["model_config"]).get("model", "deq")
+
+
 def table(payload) -> str:
     """The training results file as Markdown (the Benchmarks page's table)."""
     return markdown_table(
@@ -280,11 +275,9 @@ def table(payload) -> str:
                 f"{r.get('train_ratio_to_explicit', r['train_s'] / payload['rows'][0]['train_s']):.2f}",
                 f"{r['step_ms']:.3g} ({r['step_ratio_to_explicit']:.2f}x)",
                 ""
-                if r["model_config"].get("model") == "explicit"
+                if _model(r) == "explicit"
                 else f"{r['train_solver_steps']:.1f} / {r['test_solver_steps']:.1f}",
-                ""
-                if r["model_config"].get("model") == "explicit"
-                else f"{r['test_converged']:.1%}",
+                "" if _model(r) == "explicit" else f"{r['test_converged']:.1%}",
                 "" if r["step_temp_mb"] is None else f"{r['step_temp_mb']:.1f}",
             ]
             for r in payload["rows"]

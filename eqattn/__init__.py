@@ -1,7 +1,6 @@
 """eqattn: equilibrium attention in JAX."""
 
 import importlib.metadata
-import warnings
 
 from . import nn as nn
 from ._attention import (
@@ -24,13 +23,10 @@ from ._measures import (
 )
 from ._renorm import renormalize as renormalize, standardize_tokens as standardize_tokens
 from ._solve import (
-    GMRES as GMRES,
     RESULTS as RESULTS,
     AbstractAdjoint as AbstractAdjoint,
     AbstractFixedPointSolver as AbstractFixedPointSolver,
-    AbstractKrylov as AbstractKrylov,
     Anderson as Anderson,
-    BiCGStab as BiCGStab,
     Broyden as Broyden,
     Equilibrium as Equilibrium,
     ForwardSolve as ForwardSolve,
@@ -38,7 +34,6 @@ from ._solve import (
     JacobianFree as JacobianFree,
     JaxoptImplicit as JaxoptImplicit,
     JaxoptSolver as JaxoptSolver,
-    NormalCG as NormalCG,
     Phantom as Phantom,
     Picard as Picard,
     SharedInverse as SharedInverse,
@@ -65,19 +60,3 @@ def _version() -> str:
 
 
 __version__ = _version()
-
-
-_RENAMED = {"Forward": "ForwardSolve"}  # old public name -> new, kept for one release
-
-
-def __getattr__(name: str):
-    if name in _RENAMED:
-        new = _RENAMED[name]
-        warnings.warn(
-            f"`eqattn.{name}` is renamed `eqattn.{new}`; the old name will be removed in the "
-            "next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module 'eqattn' has no attribute {name!r}")

@@ -1,5 +1,6 @@
-"""The errors the training runtime raises for its users (the `eqattn` command prints each as one
-line: a `ConfigError` as a usage error, exit status 2; a `RunError` with exit status 1; an
+"""The errors the training runtime and the tasks raise for their users, each naming the Python
+parameter at fault (the `eqattn` command prints each as one line naming its option: a
+`ConfigError` as a usage error, exit status 2; a `RunError` with exit status 1; an
 `Interrupted` run with exit status 130)."""
 
 
@@ -9,12 +10,12 @@ class ConfigError(ValueError):
     **Example:**
 
     ```python
-    from eqattn import train
+    from eqattn import digits, train
 
     try:
-        train.TrainConfig(lr=-1.0)
-    except train.ConfigError as error:  # also a ValueError
-        assert str(error) == "--lr must be finite and > 0; got -1.0"
+        digits.DigitsConfig(lr=-1.0)
+    except train.ConfigError as error:  # also a ValueError, naming the parameter
+        assert str(error) == "`lr` must be finite and > 0; got -1.0"
     ```
     """
 
@@ -26,10 +27,10 @@ class RunError(RuntimeError):
     **Example:**
 
     ```python
-    from eqattn import train
+    from eqattn import graphs, train
 
     try:
-        train.load_model("no/such/run")
+        graphs.load_model("no/such/run")
     except train.RunError as error:
         assert str(error).startswith("checkpoint not found")
     ```

@@ -20,8 +20,7 @@ def _version(package: str) -> str | None:
 
 def _auto_table() -> str:
     """Which table `implementation="auto"` reads on this machine's GPU, if any."""
-    from ._attention._measured_tables import TABLES
-    from ._attention._plan import gpu_kind
+    from ._attention import TABLES, gpu_kind
 
     kind = gpu_kind()
     if kind in TABLES:
@@ -57,6 +56,6 @@ def info() -> dict[str, Any]:
             "eqattn (Picard, Anderson, Broyden)": True,
             "jaxopt (eqattn.JaxoptSolver)": found("jaxopt"),
             "optimistix (fixed-point solvers, root finders)": found("optimistix"),
-            "lineax (GMRES, BiCGStab, NormalCG backward solves)": found("lineax"),
+            "lineax (Krylov backward solves: lx.GMRES, lx.BiCGStab, ...)": found("lineax"),
         },
     }

@@ -3,14 +3,12 @@
 import numpy as np
 
 
-def built_model(config):
-    """The shapes of `eqattn train`'s model for `config` (`ModelConfig`; nothing initialised)."""
+def built_model(task, config):
+    """The shapes of `task`'s model for `config` (nothing initialised)."""
     import equinox as eqx
     import jax
 
-    from eqattn.train import build_model
-
-    return eqx.filter_eval_shape(build_model, config, jax.random.key(0))
+    return eqx.filter_eval_shape(task.build_model, config, jax.random.key(0))
 
 
 def parameter_count(shapes) -> int:

@@ -8,13 +8,22 @@ import jax
 import pytest
 
 import eqattn
+import eqattn.digits
 import eqattn.graphs
 import eqattn.nn
 import eqattn.parallel
 import eqattn.text
 import eqattn.train
 
-MODULES = (eqattn, eqattn.nn, eqattn.parallel, eqattn.text, eqattn.train, eqattn.graphs)
+MODULES = (
+    eqattn,
+    eqattn.nn,
+    eqattn.parallel,
+    eqattn.train,
+    eqattn.digits,
+    eqattn.text,
+    eqattn.graphs,
+)
 
 
 def _public():

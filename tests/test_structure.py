@@ -2,16 +2,13 @@
 command), and the sizes a reader can hold (modules, functions, test files)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "eqattn"
-
-# Import edges allowed although they close a cycle, each a deprecated alias that goes with its
-# release: `eqattn.text.load_model` (the model of a text checkpoint) reaches `eqattn.train`.
-DEPRECATED = {("eqattn.text", "eqattn.train")}
 
 
 def _module_name(path: Path) -> str:
@@ -90,8 +87,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_imports_have_one_direction():
     graph = import_graph()
     assert len(graph) > 50 and "eqattn.train._trainer" in graph["eqattn.train._api"]
-    allowed = {a: {b for b in bs if (a, b) not in DEPRECATED} for a, bs in graph.items()}
-    assert _cycles(allowed) == []
+    assert _cycles(graph) == []
     upward = [
         (a, b)
         for a, bs in graph.items()
@@ -101,12 +97,105 @@ def test_imports_have_one_direction():
     assert upward == []
 
 
-def test_the_checker_sees_a_cycle_and_an_upward_import():
-    """The checks above can fail: a cycle of three modules is found, and so is one through a
-    deprecated alias when it is not allowed."""
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+FLOORS = (
+    ("eqattn._errors",),
+    ("eqattn._attention",),
+    ("eqattn._solve", "eqattn._measures", "eqattn._renorm", "eqattn._hopfield"),
+    ("eqattn.parallel",),
+    ("eqattn.nn",),
+    ("eqattn._info",),
+    ("eqattn",),
+    ("eqattn.train",),
+    ("eqattn.digits", "eqattn.text", "eqattn.graphs"),
+    ("eqattn.cli",),
+    ("eqattn.__main__",),
+)
+"""The floors, from the ground up (ARCHITECTURE.md): operators and the engine, solving, the
+layers, the public API, the training runtime, the tasks beside each other, the command."""
+
+
+def _floor(module: str) -> tuple[int, str]:
+    """The floor of `module` and the part of it that holds the module (its longest prefix)."""
+    found = [
+        (i, part)
+        for i, parts in enumerate(FLOORS)
+        for part in parts
+        if module == part or module.startswith(part + ".")
+    ]
+    return max(found, key=lambda f: len(f[1]))
+
+
+def arrows_up(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports of a higher floor, or of another part of the same floor (a task of another)."""
+    return [
+        (a, b)
+        for a, bs in sorted(graph.items())
+        for b in sorted(bs)
+        if (_floor(b)[0], _floor(b)[1] != _floor(a)[1]) > (_floor(a)[0], False)
+    ]
+
+
+def test_every_import_goes_down_a_floor():
+    """The training runtime imports no task, a task no other task, the library no command."""
     graph = import_graph()
-    assert any("eqattn.text" in c for c in _cycles(graph)), "the deprecated alias's cycle"
+    assert {m for m in graph if _floor(m)[1] == "eqattn"} == {"eqattn"}, "a module on no floor"
+    assert arrows_up(graph) == []
+    # the check can fail: the runtime reaching a task, a task reaching another
+    up = {"eqattn.train._trainer": {"eqattn.graphs"}, "eqattn.text._task": {"eqattn.digits._data"}}
+    assert arrows_up({**graph, **up}) == [
+        ("eqattn.text._task", "eqattn.digits._data"),
+        ("eqattn.train._trainer", "eqattn.graphs"),
+    ]
+
+
+def test_library_errors_name_parameters_not_options():
+    """An error raised outside the command names a Python parameter (`dim`), never an option
+    (`--dim`): the command maps the one to the other."""
+    flagged = []
+    for path in PACKAGE.rglob("*.py"):
+        if "cli" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                text = ast.unparse(node.exc)
+                if re.search(r"[\s'\"(`]--[a-z]", text):
+                    flagged.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert flagged == []
+
+
+def test_the_checker_sees_a_cycle():
+    """The check above can fail: a cycle of three modules is found."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _owner(target: str) -> str | None:
+    """The package whose private module `target` is (`eqattn._solve` for
+    `eqattn._solve._named`), or None where `target` is a package's interface or a private module
+    of eqattn's root, which every floor shares (`eqattn._errors`)."""
+    parts = target.split(".")
+    for i in range(2, len(parts)):
+        if parts[i].startswith("_"):
+            return ".".join(parts[:i])
+    return None
+
+
+def private_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports of another package's private module."""
+    return [
+        (a, b)
+        for a, bs in sorted(graph.items())
+        for b in sorted(bs)
+        if (owner := _owner(b)) and not (a == owner or a.startswith(owner + "."))
+    ]
+
+
+def test_packages_meet_through_their_interfaces():
+    """Nothing outside a package imports its private modules: `_solve`, `_attention`, `nn`,
+    `train` and the tasks each declare their interface in their `__init__`."""
+    assert private_imports(import_graph()) == []
+    # the check can fail: a private module of another package is seen, one's own is not
+    graph = {"eqattn.nn._layer": {"eqattn._solve._named", "eqattn._solve", "eqattn.nn._io"}}
+    assert private_imports(graph) == [("eqattn.nn._layer", "eqattn._solve._named")]
 
 
 def _engine_names(module: str) -> set[str]:

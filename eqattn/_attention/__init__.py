@@ -12,7 +12,7 @@
    through the blocks of `_causal`.
 
 The names below are the engine's internal interface for the other floors of eqattn (`nn`,
-`parallel`); nothing outside this package imports its modules. `parallel` enters only through
+`parallel`, `eqattn.info`); nothing outside this package imports its modules. `parallel` enters only through
 `blockwise` (`_blockwise`): the pieces of one call that a sequence split over devices composes.
 """
 
@@ -26,6 +26,7 @@ from ._checks import (
     check_chunk_size as check_chunk_size,
     check_implementation as check_implementation,
 )
+from ._measured_tables import TABLES as TABLES
 from ._operators import (
     attention as attention,
     attention_weights as attention_weights,
@@ -37,6 +38,7 @@ from ._operators import (
 from ._plan import (
     Tiling as Tiling,
     check_tiling as check_tiling,
+    gpu_kind as gpu_kind,
     second_order as second_order,
     select_implementation as select_implementation,
 )

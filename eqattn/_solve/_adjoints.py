@@ -55,7 +55,7 @@ from jax import lax
 
 from ._backends import ForwardSolve, JaxoptSolver, _static_steps, _summary, tolerances
 from ._equilibrium import RESULTS, Equilibrium
-from ._linear import AbstractKrylov, solve_linear
+from ._linear import solve_linear
 from ._loop import (
     _norm,
     best_answer,
@@ -134,11 +134,11 @@ class ImplicitAdjoint(AbstractAdjoint):
     ```
     """
 
-    linear_solver: AbstractFixedPointSolver | lx.AbstractLinearSolver | AbstractKrylov | None = None
+    linear_solver: AbstractFixedPointSolver | lx.AbstractLinearSolver | None = None
     throw: bool | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
-        kinds = AbstractFixedPointSolver | lx.AbstractLinearSolver | AbstractKrylov
+        kinds = AbstractFixedPointSolver | lx.AbstractLinearSolver
         if self.linear_solver is not None and not isinstance(self.linear_solver, kinds):
             raise ValueError(
                 "ImplicitAdjoint: `linear_solver` must be one of eqattn's fixed-point solvers or "
@@ -173,12 +173,7 @@ def solve_adjoint(linear, jt, g):
         it = (iterate_fixed if short else iterate)(linear, h, g, linear.max_steps)
         # Out of steps, the solver's next step is a better u than its last iterate, at no cost.
         return best_answer(linear, it), equilibrium(linear, it).converged
-    if isinstance(linear, lx.AbstractLinearSolver):
-        return solve_linear(linear, lambda u: u - jt(u), g)
-    u = linear.solve(lambda u: u - jt(u), g)
-    r = _norm(u - jt(u) - g)
-    ok = r <= linear.atol + linear.rtol * _norm(g)
-    return u, ok & jnp.all(jnp.isfinite(u))
+    return solve_linear(linear, lambda u: u - jt(u), g)
 
 
 @eqx.filter_custom_vjp

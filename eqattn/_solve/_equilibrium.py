@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import equinox as eqx
@@ -99,14 +98,3 @@ class Equilibrium(eqx.Module):
     def converged(self) -> Bool[Array, "*batch"]:
         """Whether the solver's test passed at the returned iterate: `result == successful`."""
         return self.result == RESULTS.successful
-
-    @property
-    def energy_rose(self) -> Bool[Array, "*batch"] | None:
-        """Deprecated: `stats["energy_rose"]` (None where the solve has no energy)."""
-        warnings.warn(
-            "`Equilibrium.energy_rose` is now `Equilibrium.stats['energy_rose']`; the old name "
-            "will be removed in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.stats.get("energy_rose")

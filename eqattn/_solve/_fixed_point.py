@@ -2,8 +2,6 @@ r"""`fixed_point`: find $z^* = f(z^*, \mathrm{args})$ and differentiate through 
 
 from __future__ import annotations
 
-import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +61,6 @@ def fixed_point(
     adjoint: AbstractAdjoint | None = None,
     throw: bool = False,
     budget: int | Int[ArrayLike, ""] | None = None,
-    max_steps: int | Int[ArrayLike, ""] | None = None,
 ) -> Equilibrium:
     r"""Solve $z^* = f(z^*, \mathrm{args})$ from `z0` and make $z^*$ differentiable.
 
@@ -97,7 +94,7 @@ def fixed_point(
     - `budget`: the evaluations of $f$ this call may make, at most the solver's cap
       `solver.max_steps` (None: the cap). For eqattn's solvers it may be a traced integer, so
       changing it does not recompile; for jaxopt and Optimistix solvers it must be a Python int
-      (Optimistix's default: 256). `max_steps` is its deprecated name (one release).
+      (Optimistix's default: 256).
 
     **Returns:** an [`eqattn.Equilibrium`][].
 
@@ -117,40 +114,13 @@ def fixed_point(
     solver, adjoint = _checked(solver, adjoint)
     z0 = jax.tree.map(jnp.asarray, z0)
     _check_structure(fn, z0, args)
-    steps = solver_backend(solver).budget(solver, renamed_budget(budget, max_steps))
+    steps = solver_backend(solver).budget(solver, budget)
     x0, unravel, flat_fn, params = _flattened(fn, z0, args)
     eq = adjoint.run(flat_fn, params, x0, solve=ForwardSolve(solver, steps), throw=throw)
     value = unravel(eq.value)
     if throw:  # the message of the failure's kind (RESULTS)
         value = eq.result.error_if(value, ~eq.converged)
     return _with_value(eq, value)
-
-
-def renamed_budget(budget, max_steps):
-    """A call's `budget`, also when given by its deprecated name `max_steps`."""
-    if max_steps is None:
-        return budget
-    if budget is not None:
-        raise TypeError("give `budget` (the call's step budget), not also `max_steps`.")
-    warnings.warn(
-        "a call's step budget is now `budget=`; `max_steps=` names the solver's cap alone (the "
-        "old keyword will be removed in the next release).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return max_steps
-
-
-def takes_max_steps(function):
-    """`function` also taking a call's budget by its deprecated name, `max_steps=`."""
-
-    @functools.wraps(function)
-    def renamed(*args, max_steps=None, **kwargs):
-        if max_steps is not None:
-            kwargs["budget"] = renamed_budget(kwargs.get("budget"), max_steps)
-        return function(*args, **kwargs)
-
-    return renamed
 
 
 def _checked(solver, adjoint):

@@ -4,17 +4,21 @@ calls `eqattn.train` (and `eqattn.text`), prints and sets the exit status; the l
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import train
 from ..train import ConfigError, Interrupted, RunError
-from ._parser import SETTINGS, defaults, parser
+from ._parser import DEFAULT_TASK, TASKS, parser, settings
 
 
 def _distributed(a) -> None:
@@ -45,61 +49,107 @@ def _distributed(a) -> None:
         raise RunError(f"could not join the other processes: {first}") from None
 
 
-def _option(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _given_settings(a, task: type[train.AbstractTask]) -> dict:
+    """The settings given on the command line (lists as the tuples the configuration holds)."""
+    values = {name: getattr(a, name) for name in settings(task) if getattr(a, name) is not None}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
 
 
-def _settings(a) -> dict:
-    """The run's settings: those given, checked to apply to `--task`, and the task's defaults
-    for the rest."""
-    from ..train import tasks
-
-    given = {name: getattr(a, name) for name in SETTINGS if getattr(a, name) is not None}
-    others = (task.options for name, task in tasks().items() if name != a.task)
-    foreign = sorted(set(given).intersection(set().union(*others)) - tasks()[a.task].options)
-    if foreign:
-        raise ConfigError(
-            f"{', '.join(map(_option, foreign))} {'is' if len(foreign) == 1 else 'are'} not for "
-            f"--task {a.task}"
-        )
-    values = {**{k: v for k, v in defaults(a.task, a.model).items() if k in SETTINGS}, **given}
-    if "text" in given:
-        values["text"] = tuple(given["text"])
-    if "train_steps" not in given:
-        values["train_steps"] = min(defaults(a.task, a.model)["train_steps"], values["max_steps"])
-    return values
+PAIR = ("deq", "explicit")
+"""`--model both`: the DEQ and its explicit twin, trained one after the other."""
 
 
 def _cmd_train(a) -> None:
-    from ..train import configs, task_of, train
-
-    out = a.out or f"runs/{a.task}"
-    if a.resume:
-        given = [n for n in SETTINGS if getattr(a, n) is not None and n != "epochs"]
-        if given:
-            raise ConfigError(
-                f"--resume continues the run with its saved settings: "
-                f"{', '.join(map(_option, given))} cannot change (--epochs can)"
-            )
-        _distributed(a)
-        metrics = train(
-            *configs(),
-            out,
-            progress=_progress(a),
-            overwrite=a.overwrite,
-            resume=True,
-            epochs=a.epochs,
-        )
-    else:
-        values = _settings(a)
-        _distributed(a)
-        model_config, config = configs(a.task, a.model, **values)
-        metrics = train(model_config, config, out, progress=_progress(a), overwrite=a.overwrite)
+    if a.resume and a.overwrite:
+        raise ConfigError("`resume` and `overwrite` exclude each other")
+    task = TASKS[a.task or DEFAULT_TASK]
+    model = a.model or "both"
+    out = Path(a.out or f"runs/{task.name}" + ("" if model == "both" else f"/{model}"))
+    runs = _resume(a, task, out) if a.resume else _train_new(a, task, model, out)
     import jax
 
-    if jax.process_index() != 0:  # process 0 reports
+    if jax.process_index() == 0 and len(runs) > 1:  # process 0 reports
+        print()
+        print("\n".join(TASKS[next(iter(runs.values()))["task"]].comparison(runs)))
+
+
+def _train_new(a, task, model: str, out: Path) -> dict[str, dict]:
+    """New runs of `task`: `model`'s, or with `both` the DEQ's and its twin's in `out/deq` and
+    `out/explicit` (both configurations checked before either starts)."""
+    models = PAIR if model == "both" else (model,)
+    given = _given_settings(a, task)
+    configs = {m: task.config_type(model=m, **given) for m in models}
+    _distributed(a)
+    runs = {}
+    a.run_dir = shlex.quote(str(out))  # named in the hint an interrupt prints
+    for m in models:
+        run = out / m if model == "both" else out
+        runs[m] = train.train(task(configs[m]), run, progress=_progress(a), overwrite=a.overwrite)
+        _report(runs[m], run)
+    return runs
+
+
+def _resume(a, task, out: Path) -> dict[str, dict]:
+    """The run in `out` continued, or the pair in `out/deq` and `out/explicit` (a finished one
+    of the pair is read as it is)."""
+    given = [n for n in _given_settings(a, task) if n != "epochs"]
+    if given:
+        raise ConfigError(
+            f"`resume` continues the run with its saved settings: "
+            f"{', '.join(f'`{n}`' for n in given)} cannot change (`epochs` can)"
+        )
+    runs: dict[str | None, Path] = {None: out}
+    if not (out / train.CHECKPOINT).is_file():
+        runs = {m: out / m for m in PAIR if (out / m / train.CHECKPOINT).is_file()}
+    if not runs:
+        raise RunError(f"nothing to resume: no checkpoint in {str(out)!r}")
+    recorded = {run: _recorded_run(run) for run in runs.values()}
+    for run, (saved_task, saved_model) in recorded.items():
+        for name, wanted, saved in (("task", a.task, saved_task), ("model", a.model, saved_model)):
+            if wanted not in (None, "both") and wanted != saved:
+                raise ConfigError(
+                    f"`resume` continues the {saved_model} {saved_task} run in {str(run)!r}: "
+                    f"not `{name}` {wanted}"
+                )
+    done = {run for run in runs.values() if len(runs) > 1 and _finished(run, a.epochs)}
+    if len(done) == len(runs):
+        train.resumable(next(iter(runs.values())), a.epochs)  # says it is complete
+    _distributed(a)
+    a.run_dir = shlex.quote(str(out))
+    metrics = {}
+    for run, (saved_task, saved_model) in recorded.items():
+        if run in done:
+            metrics[saved_model] = json.loads((run / "metrics.json").read_text())
+            continue
+        progress = _progress(a)
+        metrics[saved_model] = train.resume(
+            run, TASKS[saved_task], epochs=a.epochs, progress=progress
+        )
+        _report(metrics[saved_model], run)
+    return metrics
+
+
+def _recorded_run(out: Path) -> tuple[str, str]:
+    """The task and model of the run in `out` (its checkpoint's header)."""
+    _, header = train.read_header(out)
+    if header.get("task") not in TASKS:
+        raise RunError(f"{str(out)!r} holds a model of an unknown task {header.get('task')!r}")
+    return header["task"], header["config"]["model"]
+
+
+def _finished(run: Path, epochs: int | None) -> bool:
+    """Whether the run in `run` has done its epochs (or `epochs`, when given)."""
+    _, header = train.read_header(run)
+    return header["resume"]["epoch"] >= (epochs or header["config"]["epochs"])
+
+
+def _report(metrics: dict, out: Path) -> None:
+    """A finished run's lines (process 0 alone prints)."""
+    import jax
+
+    if jax.process_index() != 0:
         return
-    print(task_of(metrics["task"]).summary(metrics))
+    print(TASKS[metrics["task"]].summary(metrics))
     split = metrics["time_split_s"]
     print(
         f"wall time {split['total']:.0f} s: start-up and data {split['startup_and_data']:.0f} s, "
@@ -107,36 +157,36 @@ def _cmd_train(a) -> None:
         f"{split['evaluation']:.0f} s"
     )
     print(f"checkpoint: {metrics['checkpoint']}")
-    print(f"metrics:    {out.rstrip('/')}/metrics.json")
+    print(f"metrics:    {out / 'metrics.json'}")
 
 
 def _progress(a) -> str | None:
     return "lines" if a.no_progress else None
 
 
-def _checkpoint(a) -> str:
-    """The checkpoint `--checkpoint` and `--best` name."""
-    from ..train import BEST
-
+def _checkpoint(a) -> tuple[str, type[train.AbstractTask]]:
+    """The checkpoint `--checkpoint` and `--best` name, and its task."""
     path = Path(a.checkpoint)
-    if not a.best:
-        return a.checkpoint
-    if not path.is_dir():
-        raise ConfigError("--best takes a run's directory as --checkpoint (it reads its best.eqx)")
-    if not (path / BEST).is_file():
-        raise RunError(
-            f"{str(path)!r} has no {BEST}: only runs of a task with a validation split (text) "
-            "keep one"
-        )
-    return str(path / BEST)
+    if a.best:
+        if not path.is_dir():
+            raise ConfigError("`best` takes a run's directory as `checkpoint` (its best.eqx)")
+        if not (path / train.BEST).is_file():
+            raise RunError(
+                f"{str(path)!r} has no {train.BEST}: a run keeps its best validated epoch's "
+                "model when its task has a validation split (text, graphs; not the digits)"
+            )
+        path = path / train.BEST
+    path, header = train.read_header(path)
+    if header.get("task") not in TASKS:
+        raise RunError(f"{str(path)!r} holds a model of an unknown task {header.get('task')!r}")
+    return str(path), TASKS[header["task"]]
 
 
 def _cmd_evaluate(a) -> None:
-    from ..train import evaluate, task_of
-
     progress = False if a.no_progress else None
-    r = evaluate(_checkpoint(a), list(a.steps) if a.steps else None, progress=progress)
-    print("\n".join(task_of(r["task"]).evaluation_report(r)))
+    path, task = _checkpoint(a)
+    r = train.evaluate(path, task, list(a.steps) if a.steps else None, progress=progress)
+    print("\n".join(task.evaluation_report(r)))
     if a.json:
         try:
             with open(a.json, "w") as f:
@@ -165,16 +215,15 @@ def _cmd_generate(a) -> None:
     import numpy as np
 
     from .. import text
-    from ..train import load_model, task_of
 
     _check_generate(a)
-    path = _checkpoint(a)
-    model, config, _ = load_model(path, a.max_steps)
-    if not task_of(config.task).language_model:
+    path, task = _checkpoint(a)
+    if task is not text.TextTask:
         raise RunError(
-            f"{path!r} holds a {config.task} model, not a language model: train one with "
+            f"{path!r} holds a {task.name} model, not a language model: train one with "
             "eqattn train --task text"
         )
+    model = text.load_model(path, max_steps=a.max_steps)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     sys.stdout.write(a.prompt)
 
@@ -206,7 +255,7 @@ def _cmd_generate(a) -> None:
 
 
 def _cmd_retrieve(a) -> None:
-    from ..train import retrieve
+    from ..digits import retrieve
 
     options = dict(patterns=a.patterns, corruption=a.corruption, amount=a.amount)
     r = retrieve(
@@ -238,10 +287,35 @@ def _cmd_info(a) -> None:
     print("\n".join(f"{k:<14}{v}" for k, v in rows))
 
 
+RENAMED = {"budgets": "--steps", "out_dir": "--out"}
+"""Python parameters whose option has another name."""
+
+
+def in_flags(message: str, command: argparse.ArgumentParser) -> str:
+    """A library error's message with each parameter it names (`dim`) written as the option
+    of `command` that sets it (`--dim`)."""
+    options = {a.dest: a.option_strings[0] for a in command._actions if a.option_strings}
+
+    def flag(match: re.Match) -> str:
+        name = match.group(1)
+        return RENAMED.get(name) or options.get(name, match.group(0))
+
+    return re.sub(r"`([a-z_]+)`", flag, message)
+
+
+def _task_of(argv: Sequence[str]) -> str:
+    """The `--task` given to `eqattn train` in `argv` (its settings' options depend on it)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--task", choices=tuple(TASKS), default=DEFAULT_TASK)
+    known, _ = pre.parse_known_args(argv)
+    return known.task
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0 ok, 1 failure, 2 bad usage, 130 interrupted).
     Errors are one line on stderr; `--debug` or `EQATTN_DEBUG=1` raises them with a traceback."""
-    args, unknown = parser().parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, unknown = parser(_task_of(argv)).parse_known_args(argv)
     if unknown:  # named by the subcommand's parser, which points at its own --help
         args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     debug = args.debug or os.environ.get("EQATTN_DEBUG", "") not in ("", "0")
@@ -261,17 +335,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         if debug:
             raise
+        line = in_flags(str(e), args.subcommands[args.command])
         print(
-            f"eqattn {args.command}: error: {e} (see eqattn {args.command} --help)", file=sys.stderr
+            f"eqattn {args.command}: error: {line} (see eqattn {args.command} --help)",
+            file=sys.stderr,
         )
         return 2
     except (RunError, ImportError) as e:
         if debug:
             raise
-        print(f"eqattn {args.command}: error: {e}", file=sys.stderr)
+        line = in_flags(str(e), args.subcommands[args.command])
+        print(f"eqattn {args.command}: error: {line}", file=sys.stderr)
         return 1
     except Interrupted as e:
-        print(f"eqattn {args.command}: {e}", file=sys.stderr)
+        out = getattr(args, "run_dir", None)
+        hint = "" if out is None else f" (eqattn train --resume --out {out} continues it)"
+        print(f"eqattn {args.command}: {e}{hint}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print(f"eqattn {args.command}: interrupted", file=sys.stderr)

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+import re
+import types
+import typing
 
-from ..train import ADJOINTS, SOLVERS, ModelConfig, TrainConfig, tasks
+from .. import digits, graphs, text, train
+
+TASKS: dict[str, type[train.AbstractTask]] = {
+    t.name: t for t in (graphs.GraphTask, digits.DigitsTask, text.TextTask)
+}
+"""The tasks `eqattn train --task` knows."""
+DEFAULT_TASK = "graphs"
 
 DESCRIPTION = (
-    "Equilibrium attention: train DEQ transformers (and explicit baselines of equal size) on "
-    "the digits or on text, evaluate them against the solver's budget, generate text, and "
+    "Equilibrium attention: train DEQ models and their explicit twins of equal size on graphs, "
+    "the digits or text, evaluate them against the solver's budget, generate text, and "
     "retrieve digits from a Hopfield memory."
 )
 
@@ -40,50 +48,72 @@ def _budgets(text: str) -> tuple[int, ...]:
     return values
 
 
-def _sizes(text: str) -> tuple[int, int]:
-    try:
-        low, high = (int(t) for t in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected two sizes LOW,HIGH, e.g. 8,16; got {text!r}")
-    return low, high
+def _setting_type(hint) -> dict:
+    """The argparse keywords of a configuration field of type `hint`."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        hint = next(t for t in typing.get_args(hint) if t is not type(None))
+    if hint is bool:
+        return dict(action=argparse.BooleanOptionalAction)
+    if typing.get_origin(hint) is tuple:
+        items = typing.get_args(hint)
+        if items[-1] is Ellipsis:
+            return dict(nargs="+", type=items[0])
+        return dict(nargs=len(items), type=items[0])
+    if typing.get_origin(hint) is typing.Literal:
+        return dict(type=type(typing.get_args(hint)[0]))
+    return dict(type=hint)
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
+def _settings(tr, task: type[train.AbstractTask]) -> None:
+    """`eqattn train`'s options for `task`: one per field of its configuration, with the field's
+    help, choices and this task's default (each `None` unless given, so the command knows which
+    were given)."""
+    config_type = task.config_type
+    hints = typing.get_type_hints(config_type)
+    group = tr.add_argument_group(f"settings of --task {task.name} (its defaults)")
+    for f in dataclasses.fields(config_type):
+        if f.name in FIXED:
+            continue
+        meta = train.field_metadata(config_type, f.name)
+        kwargs = _setting_type(hints[f.name])
+        if "choices" in meta:
+            kwargs["choices"] = meta["choices"]
+        shown = " ".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        help = meta["help"] + ("" if f.default is None else f" (default: {shown})")
+        help = re.sub(r"`([a-z_]+)`", lambda m: _flag(m.group(1)), help)  # parameters as options
+        metavar = METAVARS.get(f.name)
+        group.add_argument(
+            _flag(f.name),
+            default=None,
+            help=help,
+            **kwargs,
+            **({"metavar": metavar} if metavar else {}),
+        )
 
 
-def defaults(task: str, model: str) -> dict[str, Any]:
-    """Every setting's default for `--task TASK --model MODEL`."""
-    fields = {**dataclasses.asdict(ModelConfig()), **dataclasses.asdict(TrainConfig())}
-    return {**fields, **tasks()[task].settings(model)}
+METAVARS: dict[str, str | tuple[str, ...]] = {
+    "text": "PATH",
+    "graph_sizes": ("LOW", "HIGH"),
+    "families": "FAMILY",
+}
 
 
-def _default(name: str, model: str = "deq") -> str:
-    """`name`'s default for `model`, per task where the tasks' differ."""
-    by_task = {task: defaults(task, model)[name] for task in tasks()}
-    if len(set(map(repr, by_task.values()))) == 1:
-        return f"default: {next(iter(by_task.values()))}"
-    return "default: " + ", ".join(f"{v} for {task}" for task, v in by_task.items())
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def _label(name: str) -> str:
-    """`[task]` (or `[task, task]`) for a setting that only some tasks read."""
-    owners = [task for task, cls in tasks().items() if name in cls.options]
-    return f"[{', '.join(owners)}] " if owners else ""
+FIXED = ("model", "width", "mlp_ratio")
+"""Configuration fields that are not options: `--model` is its own, the explicit model's shape
+is matched to the DEQ's."""
 
 
-def _add(group, flag: str, help: str, **kwargs) -> None:
-    """A setting's option: `default=None` (so the command knows which were given, and fills the
-    rest from the task's defaults), labelled with its task, its default stated."""
-    name = flag[2:].replace("-", "_")
-    if kwargs.get("action") is None:
-        kwargs.setdefault("type", type(defaults("digits", "deq")[name]))
-    stated = _default(name, "explicit" if help.startswith("explicit:") else "deq")
-    text = f"{_label(name)}{help}" + ("" if stated.endswith("None") else f" ({stated})")
-    group.add_argument(flag, default=None, help=text, **kwargs)
+def settings(task: type[train.AbstractTask]) -> tuple[str, ...]:
+    """The configuration fields `eqattn train --task TASK` takes as options."""
+    return tuple(f.name for f in dataclasses.fields(task.config_type) if f.name not in FIXED)
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(task: str = DEFAULT_TASK) -> argparse.ArgumentParser:
+    """The command's parser, `eqattn train`'s settings those of `task`."""
     p = _Parser(prog="eqattn", description=DESCRIPTION)
     p.add_argument(
         "--debug",
@@ -91,12 +121,23 @@ def parser() -> argparse.ArgumentParser:
         help="show the Python traceback of an error (also: EQATTN_DEBUG=1)",
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    names = ", ".join(tasks())
-    tr = sub.add_parser("train", help=f"train a DEQ transformer (or --model explicit): {names}")
-    tr.description = "Options marked [task] apply to that task alone; the others to every task."
-    _model_options(tr)
-    _solver_options(tr)
-    _training_options(tr)
+    tr = sub.add_parser("train", help="train a DEQ and its explicit twin on a task")
+    tr.description = (
+        f"Train on --task {task} ({TASKS[task].description}). Its settings follow; "
+        "`eqattn train --task NAME --help` lists another task's."
+    )
+    described = "; ".join(f"{name}: {cls.description}" for name, cls in TASKS.items())
+    tr.add_argument(
+        "--task", choices=tuple(TASKS), default=None, help=f"{described} (default: {DEFAULT_TASK})"
+    )
+    tr.add_argument(
+        "--model",
+        choices=("deq", "explicit", "both"),
+        default=None,
+        help="the weight-tied DEQ, its explicit twin of equal parameters, or both, one after the "
+        "other and then side by side (default: both)",
+    )
+    _settings(tr, TASKS[task])
     _run_options(tr)
     _evaluate_options(
         sub.add_parser("evaluate", help="a checkpoint's test scores and its test-time compute knob")
@@ -116,102 +157,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_options(tr) -> None:
-    """`eqattn train`'s task and model options (`ModelConfig`)."""
-    described = "; ".join(f"{name}: {cls.description}" for name, cls in tasks().items())
-    tr.add_argument("--task", choices=tuple(tasks()), default="digits", help=described)
-    tr.add_argument("--model", choices=("deq", "explicit"), default="deq")
-    _add(tr, "--context", "positions per window (the model's context, in bytes)")
-    _add(
-        tr,
-        "--text",
-        "the corpus's files or folders (default: the Python standard library's source of this "
-        "interpreter)",
-        nargs="+",
-        metavar="PATH",
-        type=str,
-    )
-    _add(tr, "--tokens", "8 rows of 8 pixels, or 16 patches of 2x2", choices=("rows", "patches"))
-    _add(
-        tr,
-        "--block",
-        "the block: norm-preserving propagation, or a transformer block",
-        choices=("propagation", "transformer"),
-    )
-    _add(tr, "--graph-sizes", "the training graphs' sizes: LOW,HIGH nodes", type=_sizes)
-    _add(tr, "--families", "the training graphs' families, comma-separated (all)", type=_names)
-    _add(tr, "--dim", "width of the DEQ model")
-    _add(tr, "--heads", "attention heads")
-    _add(tr, "--depth", "explicit: blocks (its width matches the DEQ's parameters)")
-    _add(
-        tr,
-        "--cell-depth",
-        "DEQ: blocks of the map, iterated together to the fixed point (1: one weight-tied block)",
-    )
-    _add(tr, "--stem-depth", "DEQ: explicit blocks between the embedding and the implicit block")
-    _add(
-        tr,
-        "--attend-input",
-        "DEQ: the implicit block's attention reads its state plus the injected input",
-        action=argparse.BooleanOptionalAction,
-    )
-    _add(tr, "--dropout", "dropout rate (one mask per solve)", type=float)
-
-
-def _solver_options(tr) -> None:
-    """`eqattn train`'s DEQ solver and adjoint options (`ModelConfig`)."""
-    _add(tr, "--solver", "DEQ: the forward solver", choices=SOLVERS)
-    _add(tr, "--adjoint", "DEQ: how the fixed point is differentiated", choices=ADJOINTS)
-    _add(tr, "--rtol", "DEQ: solver tolerance (relative residual)")
-    _add(tr, "--max-steps", "DEQ: solver step limit (evaluation's budget)")
-    _add(tr, "--backward-solver", "DEQ, implicit adjoint: the backward solver", choices=SOLVERS)
-    _add(tr, "--backward-steps", "DEQ, implicit adjoint: the backward solve's step limit", type=int)
-    _add(tr, "--phantom-steps", "DEQ, phantom adjoint: the damped steps it backpropagates")
-    _add(tr, "--phantom-damping", "DEQ, phantom adjoint: their damping, in (0, 1]")
-
-
-def _training_options(tr) -> None:
-    """`eqattn train`'s optimisation and DEQ training options (`TrainConfig`)."""
-    _add(tr, "--epochs", "epochs (with --resume: the run's new length)")
-    _add(tr, "--epoch-steps", "optimizer steps per epoch (each ends with validation)")
-    _add(tr, "--batch-size", "examples per optimizer step")
-    _add(tr, "--lr", "peak learning rate (warm-up, cosine decay)")
-    _add(tr, "--weight-decay", "AdamW's weight decay")
-    _add(tr, "--clip", "gradient-norm clipping (0: off)")
-    _add(tr, "--shift", "augmentation: random shifts of up to this many pixels")
-    _add(tr, "--label-smoothing", "label smoothing")
-    _add(tr, "--train-size", "use only the first N training images (default: all)", type=int)
-    _add(tr, "--seed", "random seed (initialization, data order, dropout)")
-    _add(
-        tr,
-        "--train-steps",
-        "DEQ: the solver's step limit while training, at most --max-steps (or --max-steps if "
-        "lower)",
-        type=int,
-    )
-    _add(
-        tr,
-        "--warm-start",
-        "DEQ: start each training example's solve from its previous fixed point",
-        action=argparse.BooleanOptionalAction,
-    )
-    _add(tr, "--jacobian-weight", "DEQ: weight of the Jacobian penalty |df/dz|_F^2 (0: off)")
-    _add(tr, "--jacobian-share", "DEQ: the share of a batch whose fixed points it probes")
-    _add(
-        tr,
-        "--corrections",
-        "DEQ: fixed-point correction, a loss at the end of each of this many pieces of the "
-        "training solve, each with a one-step phantom gradient (0: off)",
-    )
-    _add(tr, "--correction-decay", "DEQ: weight decay of earlier pieces' losses")
-
-
 def _run_options(tr) -> None:
     """`eqattn train`'s run directory, progress and process options."""
     tr.add_argument(
         "--out",
         default=None,
-        help="output directory (checkpoint.eqx, metrics.json; default: runs/TASK)",
+        help="the run's directory (checkpoint.eqx, metrics.json; default: runs/TASK/MODEL); "
+        "with --model both, the folder of the two runs (default: runs/TASK)",
     )
     tr.add_argument(
         "--no-progress",
@@ -226,8 +178,9 @@ def _run_options(tr) -> None:
     tr.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out from its last full epoch with its saved settings "
-        "(--epochs N sets its length anew: a finished run is extended)",
+        help="continue the run in --out (or the pair's unfinished runs) from its last full "
+        "epoch with its saved settings (--epochs N sets its length anew: a finished run is "
+        "extended)",
     )
     dist = tr.add_argument_group(
         "several processes (data parallel over all their devices; process 0 writes --out)"
@@ -297,12 +250,3 @@ def _retrieve_options(re) -> None:
     re.add_argument("--steps", type=int, default=1, help="Hopfield updates per query")
     re.add_argument("--seed", type=int, default=0)
     re.add_argument("--out", default="runs/retrieval", help="output directory (retrieval.png)")
-
-
-SETTINGS = tuple(
-    f.name
-    for config in (ModelConfig, TrainConfig)
-    for f in dataclasses.fields(config)
-    if f.name not in ("model", "task", "width", "mlp_ratio", "num_tokens", "in_features")
-)
-"""The settings `eqattn train` takes as options (each `None` unless given)."""

@@ -1,23 +1,33 @@
-"""Graph reasoning generated on the fly (no download, fixed seeds): reachability from a source
-and a breadth-first-search parent for every node, on families of graphs whose diameter grows
-with their size; the numpy reference (`bfs`), the models (a DEQ and its explicit baseline) and
-predictions of a trained one (see the guide "Graph reasoning")."""
+"""The graph task: reachability from a source and a breadth-first-search parent for every node,
+on graphs generated on the fly (no download, fixed seeds) from families whose diameter grows with
+their size; the numpy reference (`bfs`), the models (a DEQ and its explicit twin), training
+(`GraphConfig`, `GraphTask`, `eqattn train --task graphs`) and predictions of a trained model (see
+the guide "Graph reasoning").
 
-from .._errors import ConfigError as ConfigError, RunError as RunError
+```python
+from eqattn import graphs, train
+
+train.train(graphs.GraphTask(graphs.GraphConfig()), "runs/graphs/deq")
+model = graphs.load_model("runs/graphs/deq")
+g = graphs.sample("grid", 1024, 2, seed=0)
+out = graphs.predict(model, g.adjacency, g.source)  # parents, reachability, solver steps
+```
+"""
+
+from ..train import ConfigError as ConfigError, RunError as RunError
 from ._bfs import bfs as bfs, check_graphs as check_graphs, valid_parents as valid_parents
+from ._config import BLOCKS as BLOCKS, GraphConfig as GraphConfig
 from ._families import FAMILIES as FAMILIES, Graphs as Graphs, sample as sample
 from ._model import (
-    BLOCKS as BLOCKS,
     IDENTITY_DIM as IDENTITY_DIM,
     GraphDEQ as GraphDEQ,
     GraphStack as GraphStack,
     Propagation as Propagation,
-    model_from_settings as model_from_settings,
 )
 from ._predict import (
     GraphPrediction as GraphPrediction,
     budget_for as budget_for,
     features as features,
-    load_model as load_model,
     predict as predict,
 )
+from ._task import GraphTask as GraphTask, load_model as load_model

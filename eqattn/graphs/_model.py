@@ -22,7 +22,6 @@ guide measures both)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -33,16 +32,19 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from .. import nn
 from .._attention import attention
 from .._solve import JacobianFree, Picard, fixed_point
-from .._solve._named import named_adjoint, named_solver
 from ..nn import Prediction
-from ..nn._tokens import per_token
 
 IDENTITY_DIM = 16
 """The width of each node's random identity vector (its input beside the source flag)."""
-BLOCKS = ("propagation", "transformer")
 
 Inputs = tuple[Float[Array, "n f"], Bool[Array, "n n"]]
 """One graph: its nodes' inputs (identity vector, then the source flag) and its adjacency."""
+
+
+def per_token(linear: eqx.nn.Linear, x: Float[Array, "n f"]) -> Float[Array, "n out"]:
+    """`linear` applied to each row of `x`, as one matmul."""
+    y = x @ linear.weight.T
+    return y if linear.bias is None else y + linear.bias
 
 
 def norm(z: Float[Array, "*batch d"]) -> Float[Array, "*batch"]:
@@ -300,40 +302,3 @@ def _propagation(width: int, ratio: float, key, dtype) -> Propagation:
     """A propagation block whose generator has rank `ratio * width / 2` (its parameters,
     `width * rank` twice, are what the explicit baseline's width and ratio match)."""
     return Propagation(width, max(1, round(ratio * width / 2)), key=key, dtype=dtype)
-
-
-def model_from_settings(settings: Mapping[str, Any], key, *, dtype=None) -> eqx.Module:
-    """The graph model a run's settings describe (`eqattn.train.ModelConfig`'s fields, as a
-    checkpoint's header records them): a `GraphDEQ`, or a `GraphStack` of `depth` blocks of
-    the recorded `width` and `mlp_ratio`.
-
-    **Example:**
-
-    ```python
-    import dataclasses, jax
-    from eqattn import graphs, train
-
-    config = train.configs("graphs", "deq")[0]
-    model = graphs.model_from_settings(dataclasses.asdict(config), jax.random.key(0))
-    assert isinstance(model, graphs.GraphDEQ) and model.solver.max_steps == config.max_steps
-    ```
-    """
-    common = dict(key=key, block=settings["block"], heads=settings["heads"], dtype=dtype)
-    if settings["model"] == "deq":
-        solver = named_solver(
-            settings["solver"], rtol=settings["rtol"], max_steps=settings["max_steps"]
-        )
-        adjoint = named_adjoint(
-            settings["adjoint"],
-            rtol=settings["rtol"],
-            max_steps=settings["max_steps"],
-            backward_solver=settings["backward_solver"],
-            backward_steps=settings["backward_steps"],
-            phantom_steps=settings["phantom_steps"],
-            phantom_damping=settings["phantom_damping"],
-        )
-        ratio = settings.get("mlp_ratio") or 2.0
-        return GraphDEQ(settings["dim"], mlp_ratio=ratio, solver=solver, adjoint=adjoint, **common)
-    return GraphStack(
-        settings["width"], settings["depth"], mlp_ratio=settings["mlp_ratio"], **common
-    )

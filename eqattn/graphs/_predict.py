@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import NamedTuple
 
 import equinox as eqx
@@ -11,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checkpoint import load_checkpoint, read_header
-from .._errors import RunError
+from .._errors import ConfigError
 from ._bfs import check_graphs
-from ._model import IDENTITY_DIM, model_from_settings
+from ._model import IDENTITY_DIM
 
 
 def budget_for(n: int) -> int:
@@ -90,8 +87,9 @@ def predict(model, adjacency, source, *, budget=None, key=None) -> GraphPredicti
     `source [B]` int, numpy or JAX arrays; any n and batch: padded inside with isolated nodes and
     empty graphs, which change nothing), from a model of `eqattn train --task graphs`
     ([`load_model`][eqattn.graphs.load_model]). A DEQ's solve gets `budget` steps (default the
-    rule [`budget_for`][eqattn.graphs.budget_for] of n); `key` draws the nodes' identity vectors
-    (default `jax.random.key(0)`). Bad input is a `ValueError` naming the argument.
+    rule [`budget_for`][eqattn.graphs.budget_for] of n; at least 1); `key` draws the nodes'
+    identity vectors (default `jax.random.key(0)`). Bad input is a `ValueError` naming the
+    argument.
 
     **Example:**
 
@@ -106,6 +104,8 @@ def predict(model, adjacency, source, *, budget=None, key=None) -> GraphPredicti
     ```
     """
     adjacency, source = check_graphs(adjacency, source)
+    if budget is not None and not (isinstance(budget, int | np.integer) and budget >= 1):
+        raise ConfigError(f"`budget` must be an integer >= 1 (solver steps); got {budget!r}")
     count, n = adjacency.shape[:2]
     rows, size = _bucket(count), _bucket(n)
     padded = np.zeros((rows, size, size), bool)
@@ -117,32 +117,3 @@ def predict(model, adjacency, source, *, budget=None, key=None) -> GraphPredicti
     steps = jnp.asarray(budget_for(n) if budget is None else budget)
     reach, parent, used, converged = jax.device_get(_solve(model, x, padded, steps))
     return GraphPrediction(reach[:count, :n], parent[:count, :n], used[:count], converged[:count])
-
-
-def load_model(run: str | os.PathLike):
-    """The model of an `eqattn train --task graphs` run (its directory, or a checkpoint file:
-    the run's `best.eqx` is its best validated model), for [`predict`][eqattn.graphs.predict].
-
-    **Example:**
-
-    ```python
-    from eqattn import graphs
-
-    try:
-        graphs.load_model("no/such/run")
-    except graphs.RunError as error:
-        assert str(error).startswith("checkpoint not found")
-    ```
-    """
-    path, header = read_header(run)
-    settings = header.get("config", {})
-    if settings.get("task") != "graphs":
-        raise RunError(
-            f"{str(path)!r} holds a {settings.get('task', 'unknown')} model, not a graph model: "
-            "train one with eqattn train --task graphs"
-        )
-    try:
-        like = model_from_settings(settings, jax.random.key(0), dtype=header.get("dtype"))
-    except (KeyError, TypeError, ValueError) as e:
-        raise RunError(f"checkpoint {str(path)!r} has an unusable configuration: {e}") from None
-    return load_checkpoint(Path(path), like)

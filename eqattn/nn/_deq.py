@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import takes_max_steps
+from .._solve import Equilibrium
 from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
 from ._deq_block import DEQBlock
 from ._io import Pooling, ReadOut, TokenEmbedding, token_io
@@ -142,12 +141,10 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     def attention_blocks(self) -> tuple:
         return (*self.stem, self.block)
 
-    @takes_max_steps
     def predict(self, x, *, budget=None, key=None, z0=None) -> Prediction:
         logits, eq = self.forward(x, key=key, inference=key is None, budget=budget, z0=z0)
         return Prediction(logits, eq.steps, eq.relative_residual, eq.converged, eq.value)
 
-    @takes_max_steps
     def prefill(self, tokens, length=None, *, budget=None):
         """The stem's blocks, then all rows of the implicit block solved jointly."""
         h, _ = self.embedding(tokens)
@@ -159,7 +156,6 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         cache = new_cache(kvs, self.embedding.max_len, length, eq.value)
         return self.readout(eq.value), cache, Step(eq.steps, eq.relative_residual, eq.converged)
 
-    @takes_max_steps
     def extend(self, token, cache: GenerationCache, *, warm_start=True, budget=None):
         """The stem's blocks against their cache, then the new token's row of the implicit
         block solved against the cached fixed points."""
@@ -175,7 +171,6 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
         step = Step(eq.steps, eq.relative_residual, eq.converged)
         return self.readout(eq.value)[0], write(cache, kvs, eq.value[0]), step
 
-    @takes_max_steps
     def forward(
         self,
         x: Int[Array, " n"] | Float[Array, "n f"],

@@ -30,12 +30,11 @@ from .._attention import Implementation
 from .._solve import (
     AbstractAdjoint,
     Anderson,
+    Equilibrium,
     Phantom,
+    Solver,
     jacobian_frobenius,
 )
-from .._solve._backends import Solver
-from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import takes_max_steps
 from ..parallel import SequenceSplit
 from ._block import AbstractBlock, DropoutMasks
 from ._checks import check_dims, check_dropout, check_mask, check_tokens
@@ -228,7 +227,6 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         keys = jax.random.split(jax.random.fold_in(key, 1), len(self.cell))
         return (first, *(b.dropout_masks(k, inference, n, dtype) for b, k in zip(self.cell, keys)))
 
-    @takes_max_steps
     def equilibrium(
         self,
         x: Float[Array, "n dim"],
@@ -292,7 +290,6 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
             z = eq.value
         return pieces
 
-    @takes_max_steps
     def forward(
         self, x, *, mask=None, key=None, inference=None, z0=None, budget=None
     ) -> tuple[Float[Array, "n dim"], Equilibrium]:

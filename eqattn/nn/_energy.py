@@ -24,10 +24,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._attention import log_normalizer
 from .._renorm import renormalize
-from .._solve import AbstractAdjoint, Picard
-from .._solve._backends import Solver
-from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import takes_max_steps
+from .._solve import AbstractAdjoint, Equilibrium, Picard, Solver
 from ._checks import check_dims, check_mask, check_tokens
 from ._layer import AbstractEquilibriumLayer
 
@@ -124,7 +121,6 @@ class EnergyAttention(AbstractEquilibriumLayer):
         """One descent step $z - \\eta\\nabla E(z)$."""
         return z - self.step_size * jax.grad(self.energy)(z, x, mask)
 
-    @takes_max_steps
     def equilibrium(self, x, *, mask=None, z0=None, budget=None) -> Equilibrium:
         """Descend to a stationary point of $E$ from `z0` (default `x`)."""
         check_tokens(x, self.dim)
@@ -132,7 +128,6 @@ class EnergyAttention(AbstractEquilibriumLayer):
         z0 = x if z0 is None else z0
         return self.solve(EnergyAttention.step, z0, x, mask, budget=budget)
 
-    @takes_max_steps
     def forward(
         self, x, *, mask=None, z0=None, budget=None
     ) -> tuple[Float[Array, "n dim"], Equilibrium]:

@@ -30,12 +30,13 @@ from .._attention import Implementation, attention, attention_weights, merge_hea
 from .._hopfield import hopfield_energy
 from .._renorm import renormalize
 from .._solve import (
+    RESULTS,
     AbstractAdjoint,
+    Equilibrium,
     Picard,
+    Solver,
+    status,
 )
-from .._solve._backends import Solver
-from .._solve._equilibrium import RESULTS, Equilibrium, status
-from .._solve._fixed_point import takes_max_steps
 from ._checks import check_dims, check_dropout, check_mask, check_tokens
 from ._hopfield_options import HopfieldOptions, options_of
 from ._layer import AbstractEquilibriumLayer
@@ -269,7 +270,6 @@ class Hopfield(AbstractEquilibriumLayer):
         retrieved = attention(xi, keys, beta=self.attention.beta, mask=mask)
         return (retrieved + self.injection * xi0) / (1 + self.injection)
 
-    @takes_max_steps
     def equilibrium(
         self, state, stored, *, association_mask=None, padding_mask=None, budget=None
     ) -> Equilibrium:
@@ -333,7 +333,6 @@ class Hopfield(AbstractEquilibriumLayer):
             result=status(converged, RESULTS.max_steps_reached),
         )
 
-    @takes_max_steps
     def forward(
         self,
         state,

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import takes_max_steps
+from .._solve import Equilibrium
 from ._hopfield import Hopfield
 from ._layer import AbstractSolved
 
@@ -53,7 +52,6 @@ class HopfieldPooling(AbstractSolved):
         self.queries = jax.random.normal(kq, (num_queries, dim), dtype or jnp.result_type(float))
         self.trainable = trainable
 
-    @takes_max_steps
     def forward(
         self, stored, *, padding_mask=None, budget=None, key=None, inference=None
     ) -> tuple[Float[Array, "q out"], Equilibrium]:
@@ -117,7 +115,6 @@ class HopfieldLayer(AbstractSolved):
         self.trainable = trainable
         self.targets_trainable = targets_trainable
 
-    @takes_max_steps
     def forward(
         self, state, *, budget=None, key=None, inference=None
     ) -> tuple[Float[Array, "n out"], Equilibrium]:

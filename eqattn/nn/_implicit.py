@@ -18,10 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._attention import Implementation
-from .._solve import AbstractAdjoint, Anderson
-from .._solve._backends import Solver
-from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import takes_max_steps
+from .._solve import AbstractAdjoint, Anderson, Equilibrium, Solver
 from ..parallel import SequenceSplit
 from ._checks import check_dims, check_mask, check_tokens
 from ._layer import AbstractEquilibriumLayer
@@ -119,7 +116,6 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         z = apply_norm(self.norm, z + self.attention(z, z, mask=mask) + injection)
         return shard_tokens(self.attention.sequence, z)
 
-    @takes_max_steps
     def equilibrium(
         self,
         x: Float[Array, "n dim"],
@@ -137,7 +133,6 @@ class ImplicitAttention(AbstractEquilibriumLayer):
         z0 = jnp.zeros_like(injection) if z0 is None else shard_tokens(self.attention.sequence, z0)
         return self.solve(ImplicitAttention.step, z0, injection, mask, budget=budget)
 
-    @takes_max_steps
     def forward(
         self, x, *, mask=None, z0=None, budget=None
     ) -> tuple[Float[Array, "n dim"], Equilibrium]:

@@ -9,11 +9,15 @@ from typing import Any
 
 import equinox as eqx
 
-from .._solve import AbstractAdjoint, AbstractFixedPointSolver, fixed_point
-from .._solve._backends import Solver
-from .._solve._equilibrium import Equilibrium
-from .._solve._fixed_point import default_adjoint
-from .._solve._precision import precision_rtol
+from .._solve import (
+    AbstractAdjoint,
+    AbstractFixedPointSolver,
+    Equilibrium,
+    Solver,
+    default_adjoint,
+    fixed_point,
+    precision_rtol,
+)
 
 
 class AbstractSolved(eqx.Module):

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray, UInt32
 
 from .._attention import Implementation
-from .._solve._fixed_point import takes_max_steps
 from ._block import AbstractBlock
 from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
 from ._checks import check_dims, check_dropout
@@ -190,12 +189,10 @@ class Transformer(AbstractTransformer):
     def attention_blocks(self) -> tuple[TransformerBlock, ...]:
         return self.blocks
 
-    @takes_max_steps
     def predict(self, x, *, budget=None, key=None, z0=None) -> Prediction:
         logits = self(x, key=key, inference=key is None)
         return Prediction(logits, jnp.array(0), jnp.array(0.0), jnp.array(True), None)
 
-    @takes_max_steps
     def prefill(self, tokens, length=None, *, budget=None):
         h, _ = self.embedding(tokens)
         kvs: list[KeyValues] = []
@@ -204,7 +201,6 @@ class Transformer(AbstractTransformer):
         cache = new_cache(kvs, self.embedding.max_len, length, z)
         return self.readout(z), cache, Step.unsolved(z.dtype)
 
-    @takes_max_steps
     def extend(self, token, cache: GenerationCache, *, warm_start=True, budget=None):
         kvs: list[KeyValues] = []
         z = run_cached(

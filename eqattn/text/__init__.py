@@ -10,8 +10,15 @@ it in its own document. Bits per byte are $-\frac{1}{N}\sum_t \log_2 p(b_t \mid 
 The default corpus is the Python standard library's source of the interpreter running eqattn
 (`.py` files under `sysconfig.get_paths()["stdlib"]`, without `test/`, `tests/`, `idlelib/` and
 `site-packages/`): text nobody here wrote, present wherever eqattn runs, with no download.
+
+The task (`eqattn train --task text`): `TextConfig`, `TextTask`, `load_model`. Scoring a model
+(`bits_per_byte` jointly, `cached_bits_per_byte` through the equilibrium cache,
+`reported_bits_per_byte` as the task reports it, `corpus_of` a checkpoint) is the task's
+interface for the benchmarks, outside `__all__`.
 """
 
+from ..train import ConfigError as ConfigError, RunError as RunError
+from ._config import TextConfig as TextConfig
 from ._corpus import (
     BYTES as BYTES,
     HOLDOUT as HOLDOUT,
@@ -23,6 +30,12 @@ from ._corpus import (
     stdlib_files as stdlib_files,
 )
 from ._generate import Generated as Generated, encode as encode, generate as generate
+from ._scores import (
+    bits_per_byte as bits_per_byte,
+    cached_bits_per_byte as cached_bits_per_byte,
+    reported_bits_per_byte as reported_bits_per_byte,
+)
+from ._task import TextTask as TextTask, corpus_of as corpus_of, load_model as load_model
 from ._windows import (
     Windows as Windows,
     evaluation_windows as evaluation_windows,
@@ -31,42 +44,22 @@ from ._windows import (
 
 __all__ = [
     "BYTES",
-    "START",
     "HOLDOUT",
     "PIECE",
+    "START",
+    "ConfigError",
     "Corpus",
-    "Windows",
     "Generated",
-    "stdlib_files",
-    "split_documents",
-    "load_corpus",
-    "training_batch",
-    "evaluation_windows",
+    "RunError",
+    "TextConfig",
+    "TextTask",
+    "Windows",
     "encode",
+    "evaluation_windows",
     "generate",
+    "load_corpus",
+    "load_model",
+    "split_documents",
+    "stdlib_files",
+    "training_batch",
 ]
-
-
-def __getattr__(name: str):
-    if name == "load_model":  # kept for one release
-        import warnings
-
-        warnings.warn(
-            "`eqattn.text.load_model(path)` is deprecated: `eqattn.train.load_model(path).model` "
-            "gives the model (with its configuration and header beside it); the old name will "
-            "be removed in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return _load_language_model
-    raise AttributeError(f"module 'eqattn.text' has no attribute {name!r}")
-
-
-def _load_language_model(checkpoint, max_steps=None):
-    """The deprecated `load_model`'s contract: the model of a text checkpoint."""
-    from ..train import RunError, load_model  # the deprecated alias alone reaches up
-
-    model, config, _ = load_model(checkpoint, max_steps)
-    if config.task != "text":
-        raise RunError(f"{str(checkpoint)!r} holds a {config.task} model, not a text model")
-    return model

@@ -72,7 +72,7 @@ def _expand(paths: Iterable[str | Path]) -> list[tuple[Path, Path]]:
         elif path.is_file():
             found.append((path, path.parent))
         else:
-            raise FileNotFoundError(f"--text: no such file or folder: {str(given)!r}")
+            raise FileNotFoundError(f"`text`: no such file or folder: {str(given)!r}")
     return found
 
 
@@ -193,7 +193,7 @@ def load_corpus(paths: Sequence[str | Path] | None = None, holdout: float = HOLD
     for name, data in sorted(documents):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     info = {
-        "source": f"python {platform.python_version()} standard library" if default else "--text",
+        "source": f"python {platform.python_version()} standard library" if default else "paths",
         "files": len(documents),
         "skipped": skipped,
         "documents": {"train": len(train), "validation": len(validation), "test": len(test)},

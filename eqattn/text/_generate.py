@@ -8,7 +8,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._solve._fixed_point import takes_max_steps
 from ._corpus import BYTES, START
 from ._program import Options, draw
 
@@ -87,7 +86,6 @@ def _encoded(model, prompts, tokens, temperature, top_k) -> list[list[int]]:
     return [symbols.tolist() for symbols, _ in encoded]
 
 
-@takes_max_steps
 def generate(
     model,
     prompt: str | bytes | Sequence[str | bytes],

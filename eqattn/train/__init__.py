@@ -1,43 +1,78 @@
-"""The training runtime behind `eqattn train | evaluate | retrieve`, as a library: the
-configurations, one [`Trainer`][eqattn.train.Trainer] over the tasks (each an
-[`AbstractTask`][eqattn.train.AbstractTask]: the digits, text, graphs), checkpoints and metrics, and
-evaluation at test-time solver budgets.
+"""The generic training runtime: one [`Trainer`][eqattn.train.Trainer] for any task (an
+[`AbstractTask`][eqattn.train.AbstractTask] with its [`Config`][eqattn.train.Config]): the
+loop, the schedule, checkpoints, progress, resume, the run directory's lock, timing, and
+evaluation at test-time solver budgets. It knows no task: the tasks (`eqattn.digits`,
+`eqattn.text`, `eqattn.graphs`) are built on it.
 
 ```python
-from eqattn import train
+from eqattn import graphs, train
 
-metrics = train.train(train.ModelConfig(), train.TrainConfig(), "runs/digits")
-model, config, header = train.load_model("runs/digits")
+task = graphs.GraphTask(graphs.GraphConfig(epochs=1))
+metrics = train.train(task, "runs/graphs/deq")
+model = graphs.load_model("runs/graphs/deq")
 ```
+
+`__all__` is the public API. The other names below are the interface the tasks are written with
+(configuration checks, the step's update, evaluation's sweep and progress bar, files written
+atomically): import them from here, never from this package's modules.
 """
 
-from .._checkpoint import BEST as BEST, CHECKPOINT as CHECKPOINT
 from .._errors import ConfigError as ConfigError, Interrupted as Interrupted, RunError as RunError
 from ._api import (
     LoadedModel as LoadedModel,
-    configs as configs,
+    config_of as config_of,
     evaluate as evaluate,
     load_model as load_model,
-    text_configs as text_configs,
+    resumable as resumable,
+    resume as resume,
     train as train,
 )
+from ._checkpoint import BEST as BEST, CHECKPOINT as CHECKPOINT, read_header as read_header
 from ._config import (
-    ADJOINTS as ADJOINTS,
-    SOLVERS as SOLVERS,
-    ModelConfig as ModelConfig,
-    TrainConfig as TrainConfig,
+    Config as Config,
+    TransformerConfig as TransformerConfig,
+    at_least as at_least,
+    field_metadata as field_metadata,
+    in_range as in_range,
+    non_negative as non_negative,
+    setting as setting,
 )
-from ._digits import DigitsTask as DigitsTask
-from ._graphs import GraphTask as GraphTask
-from ._retrieve import retrieve as retrieve
-from ._step import optimizer_of as optimizer_of
-from ._task import AbstractTask as AbstractTask, Headline as Headline
-from ._tasks import (
-    build_model as build_model,
+from ._evaluation import (
+    budget_sweep as budget_sweep,
+    progress_bar as progress_bar,
+    sweep_note as sweep_note,
+)
+from ._files import atomic_write as atomic_write, writable_dir as writable_dir
+from ._models import (
     count_params as count_params,
     explicit_shape as explicit_shape,
-    task_of as task_of,
-    tasks as tasks,
+    with_shape as with_shape,
 )
-from ._text import TextTask as TextTask
+from ._placement import on_host as on_host
+from ._step import (
+    apply as apply,
+    optimizer_of as optimizer_of,
+    penalties as penalties,
+    probed as probed,
+)
+from ._task import AbstractTask as AbstractTask, Headline as Headline, run_line as run_line
 from ._trainer import Trainer as Trainer
+
+__all__ = [
+    "AbstractTask",
+    "BEST",
+    "CHECKPOINT",
+    "Config",
+    "ConfigError",
+    "Headline",
+    "Interrupted",
+    "LoadedModel",
+    "RunError",
+    "Trainer",
+    "TransformerConfig",
+    "evaluate",
+    "load_model",
+    "optimizer_of",
+    "resume",
+    "train",
+]

@@ -1,6 +1,11 @@
-"""A training run's settings: the model's (`ModelConfig`, saved in its checkpoint) and the
-optimization's (`TrainConfig`). The dataclasses' defaults are the digits'; each task states where
-its own differ (`AbstractTask.defaults`)."""
+"""A run's settings. `Config` declares what every task's run sets (the model's kind and shape, the
+DEQ's solve, the optimization); a task's configuration subclasses it with its own fields and gives
+every default once (`eqattn.digits.DigitsConfig`, `eqattn.text.TextConfig`,
+`eqattn.graphs.GraphConfig`). `TransformerConfig` adds what the transformer models read.
+
+Each field's `metadata["help"]` says what it sets (the `eqattn` command's help is made from it);
+`metadata["choices"]` lists a string field's values. A bad value is a
+[`ConfigError`][eqattn.train.ConfigError] naming the parameter (`dim`, not a command-line flag)."""
 
 from __future__ import annotations
 
@@ -8,227 +13,262 @@ import dataclasses
 import math
 from typing import Any, Literal
 
+import equinox as eqx
+
+from .. import nn
 from .._errors import ConfigError
-from .._solve._named import ADJOINTS as ADJOINTS, SOLVERS as _SOLVERS
+from .._solve import ADJOINTS, SOLVERS, AbstractAdjoint, named_adjoint, named_solver
 
-TASKS = ("digits", "text", "graphs")
-"""The tasks `eqattn train --task` knows (each an `AbstractTask` of `eqattn.train`)."""
-SOLVERS = tuple(_SOLVERS)
-# A solve's budget counts evaluations of the map; the first one tests the starting point, so a
-# budget of 1 returns the start itself (zeros, or a warm start): a model whose output does not
-# depend on its input.
-ONE_EVALUATION = "a budget of 1 evaluates the map at the solve's start only and returns the start"
+MODELS = ("deq", "explicit")
 
 
-def _option(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def setting(
+    default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple[str, ...] | None = None
+) -> Any:
+    """A configuration field with its default (none: each task's configuration gives it), what
+    it sets (`help`) and, for a string, its `choices`."""
+    metadata = {"help": help} | ({} if choices is None else {"choices": choices})
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-def _at_least(config, names, low: int) -> None:
+def field_metadata(cls: type, name: str) -> dict[str, Any]:
+    """The `metadata` of field `name` where it was first declared: a task's configuration sets a
+    default with a plain `name: type = value`, and the help and choices stay the base's."""
+    for klass in cls.__mro__:
+        found = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if found is not None and found.metadata:
+            return dict(found.metadata)
+    return {}
+
+
+def check_choice(config, name: str) -> None:
+    """A field with `choices`: its value (each value, for a tuple; None where allowed) is one."""
+    choices = field_metadata(type(config), name).get("choices")
+    value = getattr(config, name)
+    if choices is None or value is None:
+        return
+    values = value if isinstance(value, tuple) else (value,)
+    if not values or any(v not in choices for v in values):
+        got = ", ".join(map(str, values)) if isinstance(value, tuple) else repr(value)
+        what = "each of" if isinstance(value, tuple) else "one of"
+        raise ConfigError(f"`{name}` must be {what} {', '.join(choices)}; got {got or 'none'}")
+
+
+def at_least(config, names: tuple[str, ...], low: int) -> None:
+    """Each field of `names` is an integer >= `low` (None where the field allows it)."""
     for name in names:
         value = getattr(config, name)
-        if value < low:
-            raise ConfigError(f"{_option(name)} must be >= {low}; got {value}")
+        if value is not None and value < low:
+            raise ConfigError(f"`{name}` must be >= {low}; got {value}")
 
 
-def _finite(config, names, *, positive: bool) -> None:
+def in_range(config, name: str, low: float, high: float, *, closed: str) -> None:
+    """The field is finite and in the interval `closed` describes ("[]", "(]", "[)", "()")."""
+    value = getattr(config, name)
+    above = value >= low if closed[0] == "[" else value > low
+    below = value <= high if closed[1] == "]" else value < high
+    if not (math.isfinite(value) and above and below):
+        raise ConfigError(
+            f"`{name}` must be in {closed[0]}{low:g}, {high:g}{closed[1]}; got {value}"
+        )
+
+
+def non_negative(config, names: tuple[str, ...], *, positive: bool = False) -> None:
+    """Each field of `names` is finite and >= 0 (> 0 if `positive`)."""
     for name in names:
         value = getattr(config, name)
         if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
             raise ConfigError(
-                f"{_option(name)} must be finite and {'> 0' if positive else '>= 0'}; got {value}"
+                f"`{name}` must be finite and {'> 0' if positive else '>= 0'}; got {value}"
             )
 
 
-def _choice(config, name: str, choices) -> None:
-    value = getattr(config, name)
-    if value not in choices:
-        raise ConfigError(f"{_option(name)} must be one of {', '.join(choices)}; got {value!r}")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """What every task's run sets: the model (`model`: the DEQ or its explicit twin, matched to
+    the DEQ's parameters), the DEQ's solve, and the optimization (AdamW with warm-up and cosine
+    decay, [`optimizer_of`][eqattn.train.optimizer_of]). A task's configuration subclasses it and
+    gives the defaults; an explicit run records the `width` and `mlp_ratio` it was built with.
 
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """What a checkpoint needs to rebuild its model (saved in the checkpoint's header).
+    The DEQ's training solve gets `train_steps` steps, at most `max_steps` (its evaluation
+    budget): `training_budget`.
 
     **Example:**
 
     ```python
-    from eqattn import train
+    from eqattn import graphs, train
 
-    config = train.ModelConfig(model="explicit", dim=32)
-    assert config.task == "digits" and config.depth == 4  # 4 untied blocks
+    config = graphs.GraphConfig(dim=16, epochs=2)
+    assert isinstance(config, train.Config) and config.training_budget == 40
     try:
-        train.ModelConfig(dim=30, heads=4)
-    except train.ConfigError as error:  # a ValueError naming the options
-        assert "--dim (30) must be divisible by --heads (4)" in str(error)
+        graphs.GraphConfig(dim=30, heads=4)
+    except train.ConfigError as error:  # a ValueError naming the parameters
+        assert str(error) == "`dim` (30) must be divisible by `heads` (4)"
     ```
     """
 
-    model: Literal["deq", "explicit"] = "deq"
-    # the task (`TASKS`); "text": a causal byte-level language model over `context` positions
-    task: str = "digits"
-    context: int = 256
-    tokens: Literal["rows", "patches"] = "rows"
-    dim: int = 64
-    heads: int = 4
-    depth: int = 4  # explicit model: blocks
-    # DEQ model: the blocks of the map's cell (1: one weight-tied block; see eqattn.nn.DEQBlock)
-    cell_depth: int = 1
-    # DEQ model: explicit blocks between the embedding and the implicit block (its input)
-    stem_depth: int = 0
-    # DEQ model: the implicit block's attention reads the state plus the injected input
-    attend_input: bool = False
-    # explicit model: its width and MLP ratio (None: matched to the DEQ's parameters; a new run
-    # records the pair it built, so its checkpoint rebuilds it)
-    width: int | None = None
-    mlp_ratio: float | None = None
-    dropout: float = 0.2
-    # Chosen by `python -m benchmarks training` (CPU, 5 seeds; benchmarks/results/
-    # training-cpu-cpu.json): with the training budget of TrainConfig, 0.43x the training time
-    # of Anderson to rtol 1e-3 with a converged backward solve (97.55% test accuracy against
-    # 97.21%; 98.05% in an earlier run of the same case).
-    solver: str = "picard"
-    adjoint: str = "implicit"
-    rtol: float = 1e-2
-    max_steps: int = 30
-    # implicit adjoint: the backward solver and its step budget (None: max_steps): 4 Anderson
-    # steps on (I - J^T) u = g (4 vector-Jacobian products), returning the fifth iterate they
-    # pay for: what 5 steps gave before the backward returned that step (CHANGELOG)
-    backward_solver: str = "anderson"
-    backward_steps: int | None = 4
-    # phantom adjoint: backprop through `phantom_steps` damped steps from the fixed point
-    phantom_steps: int = 5
-    phantom_damping: float = 1.0
-    # graphs: the kind of block (eqattn.graphs: "propagation" or "transformer")
-    block: str = "propagation"
-    # the digits' token count and features per token (set from the data by the task)
-    num_tokens: int = 8
-    in_features: int = 8
+    model: Literal["deq", "explicit"] = setting(
+        "deq", "the weight-tied DEQ, or its explicit twin of equal parameters", choices=MODELS
+    )
+    dim: int = setting(help="the DEQ's width")
+    heads: int = setting(help="attention heads")
+    depth: int = setting(help="explicit: blocks (its width matches the DEQ's parameters)")
+    width: int | None = setting(None, "explicit: its width (None: matched to the DEQ's parameters)")
+    mlp_ratio: float | None = setting(None, "explicit: its MLP ratio (None: matched with `width`)")
+    solver: str = setting(help="DEQ: the forward solver", choices=tuple(SOLVERS))
+    adjoint: str = setting(help="DEQ: how the fixed point is differentiated", choices=ADJOINTS)
+    rtol: float = setting(help="DEQ: the solver's tolerance (relative residual)")
+    max_steps: int = setting(help="DEQ: the solver's step limit (evaluation's budget)")
+    train_steps: int = setting(
+        help="DEQ: the solver's step limit while training, capped at `max_steps`"
+    )
+    backward_solver: str = setting(
+        "anderson", "DEQ, implicit adjoint: the backward solver", choices=tuple(SOLVERS)
+    )
+    backward_steps: int | None = setting(
+        4, "DEQ, implicit adjoint: the backward solve's step limit (None: `max_steps`)"
+    )
+    phantom_steps: int = setting(5, "DEQ, phantom adjoint: the damped steps it backpropagates")
+    phantom_damping: float = setting(1.0, "DEQ, phantom adjoint: their damping, in (0, 1]")
+    epochs: int = setting(help="epochs")
+    batch_size: int = setting(help="examples per optimizer step")
+    lr: float = setting(help="peak learning rate (warm-up, cosine decay)")
+    weight_decay: float = setting(help="AdamW's weight decay")
+    clip: float = setting(1.0, "global gradient-norm clipping (0: off)")
+    seed: int = setting(0, "random seed (initialization, data order, dropout)")
 
     def __post_init__(self):
-        _choice(self, "model", ("deq", "explicit"))
-        _choice(self, "task", TASKS)
-        _choice(self, "tokens", ("rows", "patches"))
-        _choice(self, "solver", SOLVERS)
-        _choice(self, "adjoint", ADJOINTS)
-        _choice(self, "backward_solver", SOLVERS)
-        _choice(self, "block", ("propagation", "transformer"))
-        _at_least(self, ("context",), 2)
-        _at_least(self, ("dim", "heads", "depth", "cell_depth", "phantom_steps"), 1)
-        _at_least(self, ("stem_depth",), 0)
-        if self.backward_steps is not None:
-            _at_least(self, ("backward_steps",), 1)
-        if not 0 < self.phantom_damping <= 1:
-            raise ConfigError(f"--phantom-damping must be in (0, 1]; got {self.phantom_damping}")
-        if self.max_steps < 2:
-            raise ConfigError(f"--max-steps must be >= 2 ({ONE_EVALUATION}); got {self.max_steps}")
+        for f in dataclasses.fields(self):
+            check_choice(self, f.name)
+        at_least(self, ("dim", "heads", "depth", "phantom_steps", "backward_steps"), 1)
+        at_least(self, ("epochs", "batch_size"), 1)
+        for name in ("max_steps", "train_steps"):
+            if getattr(self, name) < 2:
+                raise ConfigError(
+                    f"`{name}` must be >= 2 (a budget of 1 evaluates the map at the solve's start "
+                    f"only and returns the start); got {getattr(self, name)}"
+                )
+        in_range(self, "phantom_damping", 0.0, 1.0, closed="(]")
+        if self.dim % self.heads:
+            raise ConfigError(f"`dim` ({self.dim}) must be divisible by `heads` ({self.heads})")
         if self.width is not None and (self.width < 1 or self.width % self.heads):
             raise ConfigError(
-                f"width must be a positive multiple of --heads ({self.heads}); got {self.width}"
+                f"`width` must be a positive multiple of `heads` ({self.heads}); got {self.width}"
             )
         if self.mlp_ratio is not None:
-            _finite(self, ("mlp_ratio",), positive=True)
-        if self.dim % self.heads:
-            raise ConfigError(f"--dim ({self.dim}) must be divisible by --heads ({self.heads})")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"--dropout must be in [0, 1); got {self.dropout}")
-        _finite(self, ("rtol",), positive=True)
+            non_negative(self, ("mlp_ratio",), positive=True)
+        non_negative(self, ("rtol", "lr"), positive=True)
+        non_negative(self, ("weight_decay", "clip"))
+
+    @property
+    def training_budget(self) -> int:
+        """The DEQ's solver steps while training: `train_steps`, at most `max_steps`."""
+        return min(self.train_steps, self.max_steps)
+
+    def deq_solver(self):
+        """The DEQ's forward solver, by name, with `rtol` and `max_steps`."""
+        return named_solver(self.solver, rtol=self.rtol, max_steps=self.max_steps)
+
+    def deq_adjoint(self) -> AbstractAdjoint:
+        """How the DEQ's fixed point is differentiated (`adjoint`, with its settings)."""
+        return named_adjoint(
+            self.adjoint,
+            rtol=self.rtol,
+            max_steps=self.max_steps,
+            backward_solver=self.backward_solver,
+            backward_steps=self.backward_steps,
+            phantom_steps=self.phantom_steps,
+            phantom_damping=self.phantom_damping,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, as a checkpoint's header and metrics.json record them (JSON)."""
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """The configuration a checkpoint's header or a metrics file records (fields it does not
-        record take their defaults; unknown keys are ignored)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in fields})
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Optimization settings (the model's own are in [`ModelConfig`][eqattn.train.ModelConfig]).
-
-    **Example:**
-
-    ```python
-    from eqattn import train
-
-    config = train.TrainConfig(epochs=2, batch_size=32)
-    assert config.lr == 3e-3 and config.train_steps == 10  # the DEQ's training solve budget
-    ```
-    """
-
-    epochs: int = 40
-    batch_size: int = 64
-    # 3e-3 (was 2e-3): the DEQ's mean test accuracy over 10 seeds rose from 97.05% to 97.88%
-    # with the other defaults unchanged; the explicit baseline's did not fall (`python -m
-    # benchmarks training`, the rows "at/with the previous learning rate")
-    lr: float = 3e-3
-    weight_decay: float = 0.05
-    clip: float = 1.0  # global gradient-norm clipping; 0 turns it off
-    shift: int = 0  # digits augmentation: random translations of up to `shift` pixels
-    label_smoothing: float = 0.1
-    train_size: int | None = None  # the first N training images only (quick runs)
-    seed: int = 0
-    # DEQ only: the forward solver's step budget while training (None: the model's max_steps,
-    # which evaluation uses), and whether each training example's solve starts from its
-    # previous fixed point instead of zeros. 10 steps, with the Anderson backward of
-    # ModelConfig: measured by `python -m benchmarks training` (CPU, 5 seeds;
-    # benchmarks/results/training-cpu-cpu.json, and the README's table).
-    train_steps: int | None = 10
-    warm_start: bool = False
-    # DEQ only: weight of the Jacobian penalty |df/dz|_F^2 / size at the fixed point (0: none)
-    jacobian_weight: float = 0.0
-    # DEQ only: the share of each batch's examples (each chunk's windows for text) whose fixed
-    # points the penalty probes, the first ceil(share x examples) (batches are drawn at random):
-    # the penalty's second-order program costs in proportion, the estimate stays unbiased
-    jacobian_share: float = 1.0
-    # DEQ only: fixed-point correction, the training solve's budget split into this many pieces,
-    # a loss on each piece's end (weights correction_decay ** (pieces left), normalized), each
-    # differentiated by a one-step phantom gradient instead of the model's adjoint (0: off)
-    corrections: int = 0
-    correction_decay: float = 0.8
-    # text: optimizer steps per epoch (an epoch ends with the validation score and a
-    # checkpoint), and the corpus (files or folders; None: the Python standard library's source)
-    epoch_steps: int = 100
-    text: tuple[str, ...] | None = None
-    # graphs: the training graphs' sizes (nodes, both ends included) and families (None: all)
-    graph_sizes: tuple[int, int] = (8, 16)
-    families: tuple[str, ...] | None = None
-
-    def __post_init__(self):
-        _at_least(self, ("epochs", "batch_size", "epoch_steps"), 1)
-        _at_least(self, ("corrections",), 0)
-        _finite(self, ("lr",), positive=True)
-        _finite(self, ("shift", "weight_decay", "clip", "jacobian_weight"), positive=False)
-        if not 0 < self.jacobian_share <= 1:
-            raise ConfigError(f"--jacobian-share must be in (0, 1]; got {self.jacobian_share}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ConfigError(f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
-        if self.train_size is not None:
-            _at_least(self, ("train_size",), 1)
-        if self.train_steps is not None and self.train_steps < 2:
-            raise ConfigError(
-                f"--train-steps must be >= 2 ({ONE_EVALUATION}); got {self.train_steps}"
-            )
-        if not 0 < self.correction_decay <= 1:
-            raise ConfigError(f"--correction-decay must be in (0, 1]; got {self.correction_decay}")
-        low, high = self.graph_sizes
-        if not 2 <= low <= high:
-            raise ConfigError(f"--graph-sizes must be two sizes 2 <= low <= high; got {low},{high}")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """The configuration a checkpoint's header records (JSON: its lists back to tuples)."""
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    def from_dict(cls, recorded: dict[str, Any]):
+        """The configuration `to_dict` recorded (lists back to tuples); an unknown field is a
+        `ConfigError` naming it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(recorded) - names)
+        if unknown:
+            raise ConfigError(f"{cls.__name__} has no field {', '.join(unknown)}")
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()
+        }
         return cls(**fields)
 
 
-def split_fields(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`values` split into `ModelConfig`'s fields and `TrainConfig`'s; a key that is neither's is
-    a `TypeError` naming it."""
-    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = set(values) - model_fields - train_fields
-    if unknown:
-        raise TypeError(f"no configuration field {', '.join(sorted(unknown))}")
-    model = {k: v for k, v in values.items() if k in model_fields}
-    return model, {k: v for k, v in values.items() if k in train_fields}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig(Config):
+    """What the transformer models read beyond `Config`: the DEQ transformer's cell and stem
+    ([`eqattn.nn.DEQTransformer`][]), dropout, and the Jacobian penalty of the DEQ's training.
+    `transformer` builds either model.
+
+    **Example:**
+
+    ```python
+    import jax
+    from eqattn import digits, nn, train
+
+    config = digits.DigitsConfig(dim=16, heads=2)  # the digits and text configurations are these
+    assert isinstance(config, train.TransformerConfig)
+    model = config.transformer(10, jax.random.key(0), in_features=8, max_len=8)
+    assert isinstance(model, nn.DEQTransformer) and model.block.depth == config.cell_depth
+    ```
+    """
+
+    cell_depth: int = setting(1, "DEQ: blocks of the map, iterated together to the fixed point")
+    stem_depth: int = setting(
+        0, "DEQ: explicit blocks between the embedding and the implicit block"
+    )
+    attend_input: bool = setting(
+        False, "DEQ: the implicit block's attention reads its state plus the injected input"
+    )
+    dropout: float = setting(help="dropout rate (one mask per solve)")
+    jacobian_weight: float = setting(
+        help="DEQ: weight of the Jacobian penalty |df/dz|_F^2 (0: off)"
+    )
+    jacobian_share: float = setting(help="DEQ: the share of a batch whose fixed points it probes")
+
+    def __post_init__(self):
+        super().__post_init__()
+        at_least(self, ("cell_depth",), 1)
+        at_least(self, ("stem_depth",), 0)
+        in_range(self, "dropout", 0.0, 1.0, closed="[)")
+        non_negative(self, ("jacobian_weight",))
+        in_range(self, "jacobian_share", 0.0, 1.0, closed="(]")
+
+    def transformer(self, num_outputs: int, key, *, dtype=None, **io) -> eqx.Module:
+        """The DEQ transformer, or the explicit one of `depth` blocks of `width` and `mlp_ratio`
+        (set: `explicit_shape`), with `io` ([`eqattn.nn.TokenEmbedding`][]'s and the pooling's
+        settings)."""
+        if self.model == "deq":
+            return nn.DEQTransformer(
+                num_outputs,
+                self.dim,
+                self.heads,
+                key=key,
+                solver=self.deq_solver(),
+                adjoint=self.deq_adjoint(),
+                dropout=self.dropout,
+                depth=self.cell_depth,
+                stem_depth=self.stem_depth,
+                attend_input=self.attend_input,
+                dtype=dtype,
+                **io,
+            )
+        assert self.width is not None, "the explicit model's shape is set first"
+        return nn.Transformer(
+            num_outputs,
+            self.width,
+            self.heads,
+            self.depth,
+            key=key,
+            dropout=self.dropout,
+            mlp_ratio=2.0 if self.mlp_ratio is None else self.mlp_ratio,
+            dtype=dtype,
+            **io,
+        )

@@ -20,7 +20,7 @@ def budgets(max_steps: int) -> list[int]:
 def check_budgets(steps: list[int]) -> list[int]:
     """`steps` (solver budgets) sorted, each checked to be >= 1."""
     if not steps or any(b < 1 for b in steps):
-        raise ConfigError(f"--steps must be solver budgets >= 1; got {list(steps)}")
+        raise ConfigError(f"`budgets` must be solver budgets >= 1; got {list(steps)}")
     return sorted(set(steps))
 
 

@@ -33,12 +33,12 @@ def placement(warm: bool, batch: int) -> Placement | None:
         return None
     if warm:
         raise ConfigError(
-            "--warm-start keeps every training example's fixed point in one process's memory: "
+            "`warm_start` keeps every training example's fixed point in one process's memory: "
             "not with several processes"
         )
     if batch % jax.device_count():
         raise ConfigError(
-            f"--batch-size ({batch}) must be a multiple of the {jax.device_count()} devices of "
+            f"`batch_size` ({batch}) must be a multiple of the {jax.device_count()} devices of "
             f"the {jax.process_count()} processes"
         )
     return Placement()

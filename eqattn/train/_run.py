@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .._errors import ConfigError, RunError
-from .._files import TEMP_PREFIX, fsync_dir, writable_dir
+from ._files import TEMP_PREFIX, fsync_dir, writable_dir
 
 LOCK = ".eqattn.lock"
 RUN_FILES = ("checkpoint.eqx", "metrics.json", "best.eqx")
@@ -32,7 +32,7 @@ class RunDirectory:
         writer: bool = True,
     ):
         if overwrite and resume:
-            raise ConfigError("--overwrite and --resume exclude each other")
+            raise ConfigError("`overwrite` and `resume` exclude each other")
         self.path = Path(out)
         self.overwrite, self.resume, self.writer = overwrite, resume, writer
         self.moved_to: Path | None = None
@@ -79,8 +79,8 @@ class RunDirectory:
                 raise RunError(f"nothing to resume: no checkpoint in {str(self.path)!r}")
         elif present and not self.overwrite:
             raise RunError(
-                f"{str(self.path)!r} holds a run ({', '.join(present)}); pass --resume to "
-                "continue it, --overwrite to move it aside, or another --out"
+                f"{str(self.path)!r} holds a run ({', '.join(present)}): `resume` continues it, "
+                "`overwrite` moves it aside, or choose another `out`"
             )
         return present
 

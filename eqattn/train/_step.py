@@ -9,10 +9,10 @@ import equinox as eqx
 import jax
 import optax
 
-from ._config import TrainConfig
+from ._config import Config, TransformerConfig
 
 
-def optimizer_of(config: TrainConfig, total_steps: int) -> optax.GradientTransformation:
+def optimizer_of(config: Config, total_steps: int) -> optax.GradientTransformation:
     """AdamW with warm-up (the first 5% of the steps) and cosine decay to a hundredth of the
     learning rate (and gradient clipping) over `total_steps` steps.
 
@@ -20,9 +20,9 @@ def optimizer_of(config: TrainConfig, total_steps: int) -> optax.GradientTransfo
 
     ```python
     import jax.numpy as jnp
-    from eqattn import train
+    from eqattn import digits, train
 
-    optimizer = train.optimizer_of(train.TrainConfig(lr=1e-2), total_steps=100)
+    optimizer = train.optimizer_of(digits.DigitsConfig(lr=1e-2), total_steps=100)
     params = {"w": jnp.ones(3)}
     updates, _ = optimizer.update({"w": jnp.ones(3)}, optimizer.init(params), params)
     assert float(jnp.abs(updates["w"]).max()) == 0.0  # the warm-up starts from a rate of 0
@@ -43,7 +43,7 @@ def apply(optimizer, model, opt_state, grads):
     return eqx.apply_updates(model, updates), opt_state
 
 
-def probed(config: TrainConfig, examples: int) -> int:
+def probed(config: TransformerConfig, examples: int) -> int:
     """How many of `examples` the Jacobian penalty probes: ceil(`jacobian_share` x examples)."""
     return max(1, math.ceil(config.jacobian_share * examples - 1e-9))
 

@@ -1,17 +1,16 @@
 """The task protocol: what `Trainer` and `evaluate` need of a task (its data, model, loss,
-evaluation and reports), so that one trainer runs every task and no code outside a task asks
-which task it runs."""
+evaluation and reports), so that one trainer runs every task and knows none of them."""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import numpy as np
 
-from ._config import ModelConfig, TrainConfig
+from ._config import Config
 from ._evaluation import budgets
 from ._placement import Placement
 
@@ -24,9 +23,9 @@ class Headline(NamedTuple):
     **Example:**
 
     ```python
-    from eqattn import train
+    from eqattn import text
 
-    headline = train.TextTask.headline
+    headline = text.TextTask.headline
     assert headline.metric == "validation_bits_per_byte" and not headline.higher_is_better
     ```
     """
@@ -45,73 +44,59 @@ converged); `z` the batch's fixed points (for the warm start) or None."""
 
 
 class AbstractTask(abc.ABC):
-    """A task `eqattn train --task NAME` trains on. A task is made from the run's configuration
-    (`__init__` loads its data and may fill data-derived fields of `model_config`) and gives:
+    """What [`Trainer`][eqattn.train.Trainer] and [`evaluate`][eqattn.train.evaluate] need of a
+    task. A task is made from its configuration (`__init__` loads its data and checks what its
+    data decides) and gives:
 
     - `build_model`: the DEQ or explicit model of a configuration;
     - `example_batch`, `batches`, `train_step`: the data and loss of an optimizer step;
     - `test_metrics`: the scores after each epoch (the `headline` among them) and at the end;
     - `record`, `header`: what metrics.json and the checkpoint record beyond the common fields;
-    - `evaluate`, `summary`, `evaluation_report`: `eqattn evaluate` and the command's lines.
+    - `evaluate`, `summary`, `evaluation_report`: evaluation and the command's lines.
 
-    Class attributes: `name`; `description` (the command's help); `options`, the settings
-    (`ModelConfig`/`TrainConfig` fields) that this task alone reads (the command refuses another
-    task's); `defaults` and `deq_defaults`, its settings that differ from the dataclasses' (the
-    DEQ's own in the second); `score`, the training step's statistic beside the loss, and
-    `bar_name`, its name on the progress bar; `headline`; `warm_start` and `processes`, whether
-    it keeps each training example's fixed point and runs over several processes;
-    `language_model`, whether its models generate (`eqattn generate`)."""
+    Class attributes: `name`; `description` (the command's help); `config_type`, its
+    configuration (a [`Config`][eqattn.train.Config]); `score`, the training step's statistic
+    beside the loss, and `bar_name`, its name on the progress bar; `headline`; `processes`,
+    whether it runs over several processes."""
 
     name: ClassVar[str]
     description: ClassVar[str]
-    options: ClassVar[frozenset[str]] = frozenset()
-    defaults: ClassVar[Mapping[str, Any]] = {}
-    deq_defaults: ClassVar[Mapping[str, Any]] = {}
-    explicit_defaults: ClassVar[Mapping[str, Any]] = {}
+    config_type: ClassVar[type[Config]]
     score: ClassVar[str]
     bar_name: ClassVar[str]
     headline: ClassVar[Headline]
-    warm_start: ClassVar[bool] = False
     processes: ClassVar[bool] = False
-    language_model: ClassVar[bool] = False
 
-    model_config: ModelConfig
-    """The run's model configuration, with the fields its data sets filled in."""
-    config: TrainConfig
+    config: Config
+    """The run's configuration."""
     batch: int
     """Examples per optimizer step."""
     steps_per_epoch: int
     examples: int
-    """Training examples (each keeps its fixed point with `warm_start`)."""
+    """Training examples (each keeps its fixed point with a warm start)."""
 
     @abc.abstractmethod
-    def __init__(self, model_config: ModelConfig, config: TrainConfig):
-        """Load the task's data and check the settings (a `ConfigError` names a bad one)."""
+    def __init__(self, config: Config):
+        """Load the task's data and check what it decides of `config` (a `ConfigError` names
+        the parameter)."""
 
     @property
     def label(self) -> str:
         """The run's name on the progress bar, after the model's."""
         return self.name
 
-    @classmethod
-    def settings(cls, model: str) -> dict[str, Any]:
-        """This task's defaults for `--model MODEL` that are not the dataclasses'."""
-        own = cls.deq_defaults if model == "deq" else cls.explicit_defaults
-        return {**cls.defaults, **own}
+    @property
+    def warm_start(self) -> bool:
+        """Whether each training example's solve starts from its previous fixed point."""
+        return False
 
     @classmethod
     @abc.abstractmethod
     def build_model(
-        cls,
-        config: ModelConfig,
-        key,
-        *,
-        width: int | None = None,
-        mlp_ratio: float = 2.0,
-        dtype=None,
+        cls, config: Config, key, *, width: int | None = None, mlp_ratio: float = 2.0, dtype=None
     ) -> eqx.Module:
-        """The model of `config` (`width` and `mlp_ratio`: the explicit model's, when given;
-        `dtype` of the parameters, default JAX's default float)."""
+        """The model of `config` (`width` and `mlp_ratio`: the explicit model's; `dtype` of the
+        parameters, default JAX's default float)."""
 
     @abc.abstractmethod
     def example_batch(self) -> tuple:
@@ -126,8 +111,8 @@ class AbstractTask(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def train_step(cls, model_config: ModelConfig, config: TrainConfig, optimizer) -> Step:
-        """The optimizer step of a run of these settings (see `Step`)."""
+    def train_step(cls, config: Config, optimizer) -> Step:
+        """The optimizer step of a run of `config` (see `Step`)."""
 
     @abc.abstractmethod
     def test_metrics(self, model: eqx.Module, final: bool) -> dict[str, Any]:
@@ -144,7 +129,7 @@ class AbstractTask(abc.ABC):
         `train_time` seconds."""
 
     @classmethod
-    def default_budgets(cls, config: ModelConfig) -> list[int] | None:
+    def default_budgets(cls, config: Config) -> list[int] | None:
         """The solver budgets `eqattn evaluate` tries by default: 1, 2, 4, ... and twice the
         trained one (None: the task chooses per example size)."""
         return budgets(config.max_steps)
@@ -154,7 +139,7 @@ class AbstractTask(abc.ABC):
     def evaluate(
         cls,
         model: eqx.Module,
-        config: ModelConfig,
+        config: Config,
         header: dict[str, Any],
         budgets: list[int] | None,
         progress: bool | None,
@@ -172,6 +157,16 @@ class AbstractTask(abc.ABC):
     def evaluation_report(cls, result: dict[str, Any]) -> list[str]:
         """The lines `eqattn evaluate` prints, from `evaluate`'s result."""
 
+    @classmethod
+    def comparison(cls, runs: dict[str, dict[str, Any]]) -> list[str]:
+        """The lines that set runs of this task side by side (`runs`: each model's metrics, the
+        DEQ's and its explicit twin's): by default the headline metric and the parameters."""
+        metric, fmt = cls.headline.metric, cls.headline.line_format
+        cells = [
+            f"{model} {m[metric]:{fmt}} ({m['params']:,} parameters)" for model, m in runs.items()
+        ]
+        return [f"{metric.replace('_', ' ')}: " + ", ".join(cells)]
+
 
 def run_line(metrics: dict[str, Any]) -> str:
     """The part of a task's summary that every task shares: epochs, time, parameters, memory
@@ -180,7 +175,7 @@ def run_line(metrics: dict[str, Any]) -> str:
     steps = (
         f" | solver steps {metrics['test_mean_solver_steps']:.1f} (mean), "
         f"{metrics['test_converged']:.1%} converged"
-        if metrics["model_config"]["model"] == "deq"
+        if metrics["config"]["model"] == "deq"
         else ""
     )
     epochs = metrics["epochs_done"]

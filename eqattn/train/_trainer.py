@@ -3,12 +3,10 @@ epoch's, the best validated epoch's), metrics, progress and `--resume`."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import resource
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -19,15 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checkpoint import BEST, CHECKPOINT, load_train_state, save_checkpoint
-from .._errors import ConfigError, Interrupted, RunError
-from .._files import atomic_write, failpoint
+from .._errors import Interrupted, RunError
+from ._checkpoint import BEST, CHECKPOINT, load_train_state, save_checkpoint
 from ._evaluation import progress_bar
-from ._models import predict
+from ._files import atomic_write, failpoint
+from ._models import with_shape
 from ._placement import placement, saved_points
 from ._step import optimizer_of
 from ._task import AbstractTask
-from ._tasks import applicable
 
 _PARTS = ("startup_and_data", "compile", "training", "evaluation", "total")
 
@@ -57,33 +54,31 @@ class Trainer:
 
     ```python
     import pathlib, tempfile
-    from eqattn import train
+    from eqattn import digits, train
 
-    task = train.DigitsTask(
-        train.ModelConfig(model="explicit", dim=16, heads=2), train.TrainConfig(epochs=1, train_size=32)
-    )
-    metrics = train.Trainer(task, pathlib.Path(tempfile.mkdtemp())).run(progress=False)
+    config = digits.DigitsConfig(model="explicit", dim=16, heads=2, epochs=1, train_size=32)
+    metrics = train.Trainer(digits.DigitsTask(config), pathlib.Path(tempfile.mkdtemp())).run(False)
     assert metrics["epochs_done"] == 1 and metrics["task"] == "digits"
     ```
     """
 
     def __init__(self, task: AbstractTask, out: Path, *, header=None, clock=None):
-        self.task, self.model_config, self.config = task, task.model_config, task.config
+        # the explicit model's shape, recorded so that the checkpoint rebuilds the same model
+        task.config = with_shape(task.build_model, task.config)
+        self.task, self.config = task, task.config
         self.out, self.ckpt = Path(out), Path(out) / CHECKPOINT
         self.clock = clock or (time.perf_counter(), process_age() or 0.0)
         self.eval_s, self.prior = 0.0, dict.fromkeys(_PARTS, 0.0)
         self.metrics: dict[str, Any] = {}
         self.total = task.steps_per_epoch * self.config.epochs
         key, init_key = jax.random.split(jax.random.key(self.config.seed))
-        self.model: Any = task.build_model(self.model_config, init_key)
+        self.model: Any = task.build_model(self.config, init_key)
         leaves = jax.tree.leaves(eqx.filter(self.model, eqx.is_inexact_array))
         self.n_params = sum(x.size for x in leaves)
         self.optimizer = optimizer_of(self.config, self.total)
         self.opt_state = self.optimizer.init(eqx.filter(self.model, eqx.is_inexact_array))
-        self.deq = self.model_config.model == "deq"
-        if self.config.warm_start and not task.warm_start:
-            raise ConfigError(f"--warm-start is not for --task {task.name}")
-        self.warm = self.deq and self.config.warm_start
+        self.deq = self.config.model == "deq"
+        self.warm = self.deq and task.warm_start
         self.writer = jax.process_index() == 0
         self.place = placement(self.warm, task.batch)
         self.rng = np.random.default_rng(self.config.seed)
@@ -92,7 +87,7 @@ class Trainer:
         self.fixed_points, self.z_batch = None, None
         if self.warm:
             first = jax.tree.map(lambda a: a[0], self.example[0])
-            state = eqx.filter_eval_shape(lambda: predict(self.model, first).fixed_point)
+            state = eqx.filter_eval_shape(lambda: self.model.predict(first).fixed_point)
             self.fixed_points = np.zeros((task.examples, *state.shape), state.dtype)
             self.z_batch = jnp.asarray(self.fixed_points[: task.batch])
         self.history: list[dict[str, Any]] = []
@@ -113,10 +108,7 @@ class Trainer:
         self.rng.bit_generator.state = saved["rng"]
         self.history, self.train_time = saved["history"], saved["train_time_s"]
         self.first_epoch = saved["epoch"] + 1
-        # the wall time of the sessions before (a checkpoint that predates this record: its
-        # training time alone)
-        before = saved.get("time_split_s") or dict(training=self.train_time, total=self.train_time)
-        self.prior.update(before)
+        self.prior.update(saved["time_split_s"])  # the wall time of the sessions before
 
     def _compile(self) -> None:
         t_compile = time.perf_counter()
@@ -127,9 +119,7 @@ class Trainer:
             args = (*place.batch(x0, y0, np.arange(self.task.batch)), place.replicate(self.key))
         else:
             args = (*self.example, self.key)
-        step: Any = eqx.filter_jit(
-            self.task.train_step(self.model_config, self.config, self.optimizer)
-        )
+        step: Any = eqx.filter_jit(self.task.train_step(self.config, self.optimizer))
         self.compiled = step.lower(self.model, self.opt_state, *args, self.z_batch).compile()
         self.compile_s = time.perf_counter() - t_compile
         memory = self.compiled.compiled.memory_analysis()
@@ -150,7 +140,6 @@ class Trainer:
                 rng=self.rng.bit_generator.state,
                 history=[dict(h) for h in self.history],
                 train_time_s=self.train_time,
-                train_config=dataclasses.asdict(self.config),
                 time_split_s=self.time_split(),
             ),
         )
@@ -186,15 +175,15 @@ class Trainer:
         self.metrics.update(status=status, epochs_done=epoch, **tested, **self._record())
         if not self.writer:  # process 0 writes
             return self.metrics
-        extra = dict(epoch=epoch, **{headline: tested[headline]}, **self.task.header())
+        extra = dict(task=self.task.name, epoch=epoch, **{headline: tested[headline]})
+        extra.update(self.task.header())
         # the parameters' dtype, so that a checkpoint loads as it was saved
         extra["dtype"] = jnp.dtype(
             jax.tree.leaves(eqx.filter(self.model, eqx.is_inexact_array))[0].dtype
         ).name
-        config = dataclasses.asdict(self.model_config)
+        config = self.config.to_dict()
         if best:
-            train_config = dataclasses.asdict(self.config)
-            save_checkpoint(self.out / BEST, self.model, config, train_config=train_config, **extra)
+            save_checkpoint(self.out / BEST, self.model, config, **extra)
         save_checkpoint(
             self.ckpt,
             self.model,
@@ -232,8 +221,7 @@ class Trainer:
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             device=str(jax.devices()[0].device_kind),
             backend=jax.default_backend(),
-            model_config=applicable(self.task.name, dataclasses.asdict(self.model_config)),
-            train_config=applicable(self.task.name, dataclasses.asdict(self.config)),
+            config=self.config.to_dict(),
             checkpoint=str(self.ckpt),
             history=self.history,
         )
@@ -255,7 +243,7 @@ class Trainer:
             if not math.isfinite(values[0]):
                 raise RunError(
                     f"training diverged in epoch {epoch}, step {i + 1} (loss {values[0]}); try a "
-                    f"smaller --lr. Last good checkpoint: {self.ckpt if epoch > 1 else 'none'}"
+                    f"smaller `lr`. Last good checkpoint: {self.ckpt if epoch > 1 else 'none'}"
                 )
             self.model, self.opt_state = model, state
             sums += values
@@ -290,7 +278,7 @@ class Trainer:
         progress = progress if self.writer else "off"
         if progress not in ("bar", "lines", "off"):
             raise ValueError(f"`progress` must be a bool, 'bar', 'lines' or None; got {progress!r}")
-        desc = f"{self.model_config.model} {self.task.label}"
+        desc = f"{self.config.model} {self.task.label}"
         bar = progress_bar(self.total, desc, progress == "bar", unit="step")
         bar.update(self.task.steps_per_epoch * (self.first_epoch - 1))
         epoch, metric = self.first_epoch - 1, self.task.headline.metric
@@ -316,8 +304,7 @@ class Trainer:
             self.write_metrics("interrupted", len(self.history), at_boundary=False)
             raise Interrupted(
                 f"interrupted in epoch {epoch}; the model as it stood is saved: {self.ckpt} "
-                f"(eqattn train --resume --out {shlex.quote(str(self.out))} continues from the "
-                "last full epoch)"
+                "(resuming continues from the last full epoch)"
             ) from None
         finally:
             bar.close()

@@ -71,7 +71,19 @@ def test_two_processes_match_one(tmp_path):
     test accuracy and parameters of a one-process run, process 0 writes the run and reports,
     process 1 stays silent; then the same processes check a float64 data-parallel training step
     and causal ring attention against one device (`tests/multiprocess_worker.py`)."""
-    args = ["--epochs", "2", "--train-size", "128", "--batch-size", "32", "--no-progress"]
+    args = [
+        "--task",
+        "digits",
+        "--model",
+        "deq",
+        "--epochs",
+        "2",
+        "--train-size",
+        "128",
+        "--batch-size",
+        "32",
+    ]
+    args += ["--no-progress"]
     results = _run_processes(
         lambda address, i: [
             *(

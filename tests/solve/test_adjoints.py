@@ -229,13 +229,10 @@ def test_backward_solve_failure_is_reported():
     g = eqx.filter_jit(jax.grad(lambda a: loss(a, forward, lenient, throw=True)))(args)
     assert all(np.all(np.isfinite(x)) for x in g)
     # Lineax's solvers, given as they are: their own verdict; a Krylov method and the normal
-    # equations' CG (eqattn's deprecated wrappers of them still run, with a warning)
-    with pytest.warns(DeprecationWarning, match="lx.GMRES"):
-        wrapped = eqattn.GMRES(max_steps=1, restart=1, **TIGHT)
+    # equations' CG
     for krylov in (
         lx.GMRES(max_steps=1, restart=1, **TIGHT),
         lx.Normal(lx.CG(max_steps=1, **TIGHT)),
-        wrapped,
     ):
         adjoint = eqattn.ImplicitAdjoint(linear_solver=krylov)
         grad = eqx.filter_jit(jax.grad(lambda a: loss(a, forward, adjoint, throw=True)))

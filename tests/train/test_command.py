@@ -1,16 +1,11 @@
-"""The command as its users expect it: options checked before anything loads, another task's
-options refused, refusals that leave the file system as they found it, runs extended with
-`--resume --epochs`, evaluation sweeps that stop once every solve converged, and the old
-names of the Python API still working (with a warning)."""
+"""The command as its users expect it: options checked before anything loads, each task's own
+options, library errors named by the options that set them, refusals that leave the file system
+as they found it, runs extended or refused by `--resume`, evaluation sweeps that stop once every
+solve converged."""
 
 import json
 import os
-import warnings
-from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import eqattn
@@ -18,7 +13,19 @@ from eqattn.cli import main
 
 pytest.importorskip("sklearn")
 pytestmark = pytest.mark.float32
-TINY = ["--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress"]
+TINY = [
+    "--task",
+    "digits",
+    "--train-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--dim",
+    "8",
+    "--heads",
+    "2",
+]
+TINY += ["--model", "deq", "--no-progress"]
 
 
 def run(capsys, *argv):
@@ -53,21 +60,52 @@ def test_options_are_checked_before_anything_loads(capsys, tmp_path):
     assert "eqattn train: error: unrecognized arguments" in capsys.readouterr().err
 
 
-def test_another_tasks_options_are_refused(capsys, tmp_path):
+def test_each_task_takes_its_own_options(capsys, tmp_path):
+    """`eqattn train --task NAME` has that task's settings alone, with that task's defaults in
+    its help; another task's option is not one of them."""
     out = tmp_path / "run"
-    for argv, pattern in [
-        (["--context", "64"], "--context is not for --task digits"),
-        (["--epoch-steps", "5", "--text", "x"], "--epoch-steps, --text are not for --task digits"),
-        (["--task", "text", "--tokens", "patches"], "--tokens is not for --task text"),
-        (["--task", "text", "--shift", "1"], "--shift is not for --task text"),
-    ]:
-        _usage_error(*run(capsys, "train", *argv, "--out", str(out))[::2], pattern)
+    for argv in (["--context", "64"], ["--task", "digits", "--epoch-steps", "5"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", *argv, "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and f"unrecognized arguments: {argv[-2]}" in err, err
     assert not out.exists()
+    helps = {}
+    for task in ("graphs", "digits", "text"):
+        with pytest.raises(SystemExit):
+            main(["train", "--task", task, "--help"])
+        helps[task] = " ".join(capsys.readouterr().out.split())  # as one line
+    assert "--context" in helps["text"] and "--context" not in helps["digits"] + helps["graphs"]
+    assert "--tokens" in helps["digits"] and "--tokens" not in helps["text"] + helps["graphs"]
+    assert "--families" in helps["graphs"] and "--families" not in helps["text"]
+    assert "--epoch-steps" not in helps["digits"]  # its epochs are passes over the data
+    # each task's own default, stated once per option
+    assert "peak learning rate (warm-up, cosine decay) (default: 0.003)" in helps["digits"]
+    assert "peak learning rate (warm-up, cosine decay) (default: 0.01)" in helps["text"]
+    assert "capped at --max-steps (default: 40)" in helps["graphs"]
+    # the default task: the graphs
     with pytest.raises(SystemExit):
         main(["train", "--help"])
-    help_text = capsys.readouterr().out
-    assert "[text] positions per window" in help_text and "[digits] 8 rows" in help_text
-    assert "0.003 for digits, 0.01 for text" in help_text  # --lr's defaults by task
+    assert " ".join(capsys.readouterr().out.split()) == helps["graphs"]
+
+
+def test_library_errors_name_parameters_the_command_names_options(capsys, tmp_path):
+    """The library's error names the Python parameter; the command's, the option that sets it."""
+    from eqattn import graphs
+
+    with pytest.raises(graphs.ConfigError, match=r"^`dim` \(30\) must be divisible by `heads`"):
+        graphs.GraphConfig(dim=30, heads=4)
+    code, _, err = run(capsys, "train", "--dim", "30", "--heads", "4", "--out", str(tmp_path))
+    _usage_error(code, err, "--dim (30) must be divisible by --heads (4)")
+    with pytest.raises(graphs.ConfigError, match=r"`graph_sizes` must be two sizes"):
+        graphs.GraphConfig(graph_sizes=(8, 4))
+    code, _, err = run(capsys, "train", "--graph-sizes", "8", "4", "--out", str(tmp_path))
+    _usage_error(code, err, "--graph-sizes must be two sizes 2 <= low <= high; got 8, 4")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--families", "path", "moon", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "invalid choice: 'moon'" in capsys.readouterr().err
+    with pytest.raises(graphs.ConfigError, match="`families` must be each of path, .*; got moon"):
+        graphs.GraphConfig(families=("moon",))
 
 
 def test_a_refused_run_leaves_the_file_system_as_it_found_it(capsys, tmp_path, monkeypatch):
@@ -98,15 +136,21 @@ def test_resume_with_more_epochs_extends_a_finished_run(capsys, tmp_path):
     assert run(capsys, "train", *TINY, "--epochs", "1", "--out", str(out))[0] == 0
     first = json.loads((out / "metrics.json").read_text())
     code, _, err = run(capsys, "train", "--resume", "--out", str(out))
-    assert code == 1 and "is complete (1 epoch); nothing to resume (--epochs N above 1" in err
+    assert code == 1 and "is complete (1 epoch); nothing to resume (--epochs above 1" in err
     _usage_error(*run(capsys, "train", "--resume", "--lr", "0.1", "--out", str(out))[::2], "--lr")
+    for argv, wanted in (
+        (["--task", "text"], "--task text"),
+        (["--model", "explicit"], "--model explicit"),
+    ):
+        code, _, err = run(capsys, "train", "--resume", *argv, "--out", str(out))
+        _usage_error(code, err, f"--resume continues the deq digits run in '{out}': not {wanted}")
     code, _, err = run(capsys, "train", "--resume", "--epochs", "1", "--out", str(out))
     _usage_error(code, err, "--epochs (1) must be above the 1 epoch")
     code, printed, err = run(capsys, "train", "--resume", "--epochs", "3", "--out", str(out))
     assert code == 0, err
     assert "3 epochs in" in printed and "epoch 2/3" in printed and "epoch 1/" not in printed
     extended = json.loads((out / "metrics.json").read_text())
-    assert extended["epochs_done"] == 3 and extended["train_config"]["epochs"] == 3
+    assert extended["epochs_done"] == 3 and extended["config"]["epochs"] == 3
     assert extended["history"][0] == first["history"][0]  # the first epoch is the run's own
     split = extended["time_split_s"]  # every session counted, no part negative
     assert min(split.values()) >= 0 and split["total"] > first["time_split_s"]["total"]
@@ -120,40 +164,18 @@ def test_the_budget_sweep_stops_once_every_solve_converged(capsys, tmp_path):
     out = tmp_path / "run"
     argv = ["train", *TINY, "--epochs", "1", "--rtol", "0.1", "--out", str(out)]
     assert main(argv) == 0
-    result = eqattn.train.evaluate(out, [1, 2, 30, 45, 60], progress=False)
+    result = eqattn.train.evaluate(
+        out, eqattn.digits.DigitsTask, [1, 2, 30, 45, 60], progress=False
+    )
     stop = result["sweep_converged_at"]
     rows = result["budget_sweep"]
     assert stop is not None and rows[-1]["max_steps"] == stop and rows[-1]["converged"] == 1.0
     assert all(row["converged"] < 1.0 for row in rows[:-1])
     # a budget past the stop gives the same results: nothing was lost by stopping
-    later = eqattn.train.evaluate(out, [60], progress=False)["budget_sweep"][0]
+    later = eqattn.train.evaluate(out, eqattn.digits.DigitsTask, [60], progress=False)
+    later = later["budget_sweep"][0]
     assert {k: v for k, v in later.items() if k != "max_steps"} == {
         k: v for k, v in rows[-1].items() if k != "max_steps"
     }
-    lines = eqattn.train.task_of("digits").evaluation_report(result)
+    lines = eqattn.digits.DigitsTask.evaluation_report(result)
     assert lines[-1].startswith(f"(every solve converged within {stop} steps")
-
-
-def test_the_old_names_still_work_with_a_warning(tmp_path):
-    with pytest.warns(DeprecationWarning, match="eqattn.train.train"):
-        from eqattn.cli import train  # noqa: F401
-    with pytest.warns(DeprecationWarning, match="eqattn.train.load_model"):
-        old = eqattn.cli.load_model
-    assert old is eqattn.train.load_model
-    fixture = Path(__file__).parent.parent / "fixtures" / "text-explicit-v1"
-    with pytest.warns(DeprecationWarning, match=r"load_model\(path\).model"):
-        model = eqattn.text.load_model(fixture)
-    assert isinstance(model, eqattn.nn.Transformer)
-    layer = eqattn.nn.Hopfield(8, 6, 2, key=jax.random.key(0))
-    x, y = jnp.ones((3, 8)), jnp.ones((4, 6))
-    with pytest.warns(DeprecationWarning, match="budget="):
-        old_budget = layer.forward(x, y, max_steps=5)[1]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        eq = layer.forward(x, y, budget=5)[1]
-    assert int(eq.steps) == int(old_budget.steps) <= 5
-    with pytest.warns(DeprecationWarning, match="stats"):
-        assert bool(eq.energy_rose) == bool(eq.stats["energy_rose"])
-    with pytest.raises(TypeError, match="not also `max_steps`"):
-        eqattn.fixed_point(lambda z, _: jnp.cos(z), jnp.zeros(()), budget=3, max_steps=3)
-    np.testing.assert_array_equal(eq.converged, eq.result == eqattn.RESULTS.successful)

@@ -21,7 +21,7 @@ from eqattn.cli import main  # noqa: E402
 
 ROOT = Path(__file__).parent.parent.parent
 TINY = [
-    "--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress",
+    "--task", "digits", "--model", "deq", "--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress",
     "--max-steps", "6", "--epochs", "3",
 ]  # fmt: skip
 
@@ -153,7 +153,7 @@ def test_a_locked_run_refuses_a_second_and_ctrl_c_keeps_its_checkpoint(tmp_path,
     assert not list(tmp_path.glob("replaced-*"))  # the refused run moved nothing
     assert first.returncode == 130, err
     assert "interrupted in epoch" in err and "Traceback" not in err, err
-    assert f"eqattn train --resume --out {tmp_path} continues" in err, err
+    assert f"(eqattn train --resume --out {tmp_path} continues it)" in err, err
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["status"] == "interrupted" and metrics["epochs_done"] >= 1
     code = main(["evaluate", "--checkpoint", str(tmp_path), "--steps", "4"])
@@ -179,16 +179,19 @@ def test_damaged_checkpoints_are_refused(reference, tmp_path, capsys, damage):
 
 
 BAD_OPTIONS = [
-    (["train", "--lr", "nan"], "--lr must be finite and > 0"),
-    (["train", "--lr", "-1"], "--lr must be finite and > 0"),
-    (["train", "--lr", "inf"], "--lr must be finite and > 0"),
-    (["train", "--epochs", "0"], "--epochs must be >= 1"),
-    (["train", "--weight-decay", "inf"], "--weight-decay must be finite and >= 0"),
-    (["train", "--clip", "nan"], "--clip must be finite and >= 0"),
-    (["train", "--rtol", "nan"], "--rtol must be finite and > 0"),
-    (["train", "--dropout", "1"], "--dropout must be in [0, 1)"),
-    (["train", "--dim", "x"], "invalid int value: 'x'"),
-    (["train", "--overwrite", "--resume"], "exclude each other"),
+    (["train", "--task", "digits", "--lr", "nan"], "--lr must be finite and > 0"),
+    (["train", "--task", "digits", "--lr", "-1"], "--lr must be finite and > 0"),
+    (["train", "--task", "digits", "--lr", "inf"], "--lr must be finite and > 0"),
+    (["train", "--task", "digits", "--epochs", "0"], "--epochs must be >= 1"),
+    (
+        ["train", "--task", "digits", "--weight-decay", "inf"],
+        "--weight-decay must be finite and >= 0",
+    ),
+    (["train", "--task", "digits", "--clip", "nan"], "--clip must be finite and >= 0"),
+    (["train", "--task", "digits", "--rtol", "nan"], "--rtol must be finite and > 0"),
+    (["train", "--task", "digits", "--dropout", "1"], "--dropout must be in [0, 1)"),
+    (["train", "--task", "digits", "--dim", "x"], "invalid int value: 'x'"),
+    (["train", "--task", "digits", "--overwrite", "--resume"], "exclude each other"),
     (["retrieve", "--betas", "nan"], "every --betas value must be finite and > 0"),
     (["retrieve", "--betas", "0,1"], "every --betas value must be finite and > 0"),
     (["retrieve", "--amount", "inf", "--corruption", "noise"], "--amount must be finite"),

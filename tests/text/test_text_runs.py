@@ -2,6 +2,7 @@
 runs them (in this process), checked against the model's own forward pass and an
 uninterrupted run."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,24 +15,16 @@ import pytest
 
 import eqattn.train
 from eqattn import text
-from eqattn._checkpoint import read_header
 from eqattn.cli import main
-from eqattn.train import (
-    ModelConfig,
-    RunError,
-    _trainer as trainer_module,
-    build_model,
-    explicit_shape,
-    load_model,
-    text_configs,
-)
+from eqattn.train import RunError, _trainer as trainer_module, read_header
 
 pytestmark = pytest.mark.float32
-ROOT = Path(__file__).parent.parent.parent
 CONTEXT = 16
 TINY = [
     "--task",
     "text",
+    "--model",
+    "deq",
     "--context",
     str(CONTEXT),
     "--epochs",
@@ -88,14 +81,11 @@ def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     assert metrics["corpus"] == loaded.info and metrics["task"] == "text"
     assert metrics["test_scored_bytes"] == loaded.info["bytes"]["test"]
     assert metrics["evaluation"]["context"] == CONTEXT and metrics["evaluation"]["stride"] == 8
-    model = load_model(out).model
+    model = text.load_model(out)
     assert model.block.depth == 2 and len(model.stem) == 1 and model.block.attend_input
     shape = {"dim": 8, "cell_depth": 2, "stem_depth": 1, "attend_input": True}
     assert metrics["model_shape"] == shape
-    # a checkpoint written before `attend_input` (no such field in its header) rebuilds the
-    # block it was trained with: attention on the state alone
-    header = {k: v for k, v in metrics["model_config"].items() if k != "attend_input"}
-    assert not build_model(ModelConfig.from_dict(header), jax.random.key(0)).block.attend_input
+    assert metrics["config"] == read_header(out)[1]["config"]  # every setting, recorded
     expected = _bits_by_hand(model, loaded.test)
     assert metrics["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
     assert f"test {metrics['test_bits_per_byte']:.3f} bits per byte" in printed
@@ -116,9 +106,8 @@ def test_text_run_and_its_evaluation(corpus, tmp_path, capsys):
     evaluated = json.loads((tmp_path / "e.json").read_text())
     assert evaluated["test_bits_per_byte"] == pytest.approx(expected, rel=1e-4)
     assert [row["max_steps"] for row in evaluated["budget_sweep"]][0] == 2
-    # the settings that apply to text alone are recorded
-    assert not {"tokens", "num_tokens", "in_features"} & set(metrics["model_config"])
-    assert not {"shift", "train_size", "warm_start"} & set(metrics["train_config"])
+    # the settings of the text task alone are recorded
+    assert not {"tokens", "shift", "train_size", "warm_start"} & set(metrics["config"])
     # the best validated epoch's model, kept beside the last
     scores = [h["validation_bits_per_byte"] for h in metrics["history"]]
     _, best = read_header(out / "best.eqx")
@@ -152,7 +141,7 @@ def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
     ref, cut = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ref", "cut"))
     assert ref["model_shape"]["depth"] == 4 and ref["model_shape"]["width"] % 2 == 0
     # the run records the shape it built, so its checkpoint rebuilds it whatever the rule
-    recorded = {k: ref["model_config"][k] for k in ("width", "mlp_ratio")}
+    recorded = {k: ref["config"][k] for k in ("width", "mlp_ratio")}
     assert recorded == {k: ref["model_shape"][k] for k in ("width", "mlp_ratio")}
     assert cut["status"] == "done" and cut["epochs_done"] == 2
     assert [h["loss"] for h in cut["history"]] == [h["loss"] for h in ref["history"]]
@@ -161,7 +150,7 @@ def test_text_resume_after_ctrl_c_matches_an_uninterrupted_run(
     capsys.readouterr()
     argv = ["generate", "--checkpoint", str(tmp_path / "cut"), "--prompt", "def"]
     assert main([*argv, "--tokens", "6", "--temperature", "0"]) == 0
-    greedy = text.generate(load_model(tmp_path / "cut").model, "def", 6, temperature=0.0).text
+    greedy = text.generate(text.load_model(tmp_path / "cut"), "def", 6, temperature=0.0).text
     assert capsys.readouterr().out == "def" + greedy.decode("utf-8", errors="replace") + "\n"
 
 
@@ -174,12 +163,9 @@ def test_text_refusals_are_one_line(corpus, tmp_path, capsys):
     (tmp_path / "small.txt").write_text("tiny")
     for argv, code, message in [
         ([*TINY, "--context", "1"], 2, "--context must be >= 2"),
-        (["--text", str(corpus)], 2, "--text is not for --task digits"),
         ([*TINY, "--text", str(tmp_path / "empty")], 2, "the corpus has no text"),
         ([*TINY, "--text", str(tmp_path / "small.txt")], 2, "too small to split"),
         ([*TINY, "--text", str(tmp_path / "nope")], 2, "no such file or folder"),
-        ([*TINY, "--text", str(corpus), "--warm-start"], 2, "--warm-start is not for --task text"),
-        ([*TINY, "--text", str(corpus), "--corrections", "2"], 2, "--corrections is not for"),
     ]:
         got, line = refused(*argv)
         assert got == code and message in line and "\n" not in line, (argv, line)
@@ -189,9 +175,12 @@ def test_text_refusals_are_one_line(corpus, tmp_path, capsys):
     line = capsys.readouterr().err.strip()
     assert "no explicit model of --depth 6 comes within 5% of the DEQ's" in line, line
     assert "\n" not in line and not (tmp_path / "unmatched").exists()
-    digits = ROOT / "tests" / "fixtures" / "checkpoint-v2"
-    assert main(["generate", "--checkpoint", str(digits), "--prompt", "a"]) == 1
-    assert "not a language model" in capsys.readouterr().err
+    config = eqattn.digits.DigitsConfig(dim=8, heads=2, epochs=1, train_size=8, batch_size=8)
+    eqattn.train.train(eqattn.digits.DigitsTask(config), tmp_path / "digits", progress=False)
+    assert main(["generate", "--checkpoint", str(tmp_path / "digits"), "--prompt", "a"]) == 1
+    assert "holds a digits model, not a language model" in capsys.readouterr().err
+    with pytest.raises(RunError, match="holds a digits model, not a text model"):
+        text.load_model(tmp_path / "digits")
 
 
 @pytest.mark.parametrize(
@@ -215,79 +204,47 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(
     of the models as built (their shapes: nothing is initialised)."""
     from ..reference import built_model as built, parameter_count as count
 
-    config = ModelConfig(
-        task="text", dim=dim, heads=heads, context=context, depth=depth, stem_depth=stem
-    )
-    deq = count(built(config))
+    config = text.TextConfig(dim=dim, heads=heads, context=context, depth=depth, stem_depth=stem)
+    deq = count(built(text.TextTask, config))
     # the embeddings (symbols, positions) and the read-out at least
     assert deq > (2 * text.BYTES + 1 + context) * dim
-    explicit = built(ModelConfig(**{**config.__dict__, "model": "explicit"}))
+    explicit = built(text.TextTask, dataclasses.replace(config, model="explicit"))
     assert len(explicit.blocks) == config.depth
     assert abs(count(explicit) - deq) <= 0.05 * deq
 
 
-def test_an_explicit_text_checkpoint_without_its_shape_still_loads():
-    """A checkpoint written before runs recorded the explicit model's width and MLP ratio
-    (tests/fixtures/text-explicit-v1, by commit 5a69270) rebuilds the shape it was built with
-    (a width at most --dim: 6, at MLP ratio 4, although a new run of its settings is wider)
-    and gives the logits that commit computed."""
-    fixture = ROOT / "tests" / "fixtures" / "text-explicit-v1"
-    expected = json.loads((fixture / "expected.json").read_text())
-    model = load_model(fixture).model
-    block = model.blocks[0]
-    shape = {"depth": len(model.blocks), "width": block.mlp_in.in_features}
-    shape["mlp_ratio"] = block.mlp_in.out_features / block.mlp_in.in_features
-    assert shape == expected["model_shape"]
-    logits = model(jnp.asarray(expected["input"]), inference=True)
-    np.testing.assert_allclose(
-        logits[-1, :8], expected["logits_at_the_last_position_first_8"], rtol=1e-5, atol=1e-6
-    )
-    # a new run of its settings gets another shape, within 5% of the DEQ's parameters
-    _, header = read_header(fixture / "checkpoint.eqx")
-    assert explicit_shape(ModelConfig(**header["config"])) != (6, 4.0)
-
-
-@pytest.mark.parametrize("model", ["deq", "explicit"])
-def test_text_configs_are_the_commands(monkeypatch, tmp_path, model):
-    """`eqattn.train.text_configs` (the Python route) gives the configurations `eqattn train
-    --task text` trains with, defaults and a changed field alike; so do the text benchmark's
-    candidate DEQ settings and the command lines that name them."""
+@pytest.mark.parametrize("task", ["graphs", "digits", "text"])
+def test_the_command_trains_the_python_configuration(monkeypatch, tmp_path, task):
+    """`eqattn train --task TASK` trains with the task's configuration as Python builds it,
+    defaults and changed fields alike, for either model; so do the text benchmark's candidate
+    DEQ settings and the command lines that name them."""
     from benchmarks.text import CANDIDATES, _case
+    from eqattn.cli._parser import TASKS
 
     seen = []
 
-    def fake_train(model_config, config, out, **kwargs):
-        seen.append((model_config, config))
+    def fake_train(task, out, **kwargs):
+        seen.append(task.config)
         raise RunError("stop here")
 
     monkeypatch.setattr(eqattn.train, "train", fake_train)
-    for argv, fields in [
-        ([], {}),
-        (["--context", "64", "--lr", "0.01"], dict(context=64, lr=0.01)),
-        *[(_case(fields).split(), fields) for fields in CANDIDATES if model == "deq"],
-    ]:
-        assert main(["train", "--task", "text", "--model", model, "--out", str(tmp_path), *argv])
-        assert seen.pop() == text_configs(model, **fields)
-    with pytest.raises(TypeError, match="no configuration field contxt"):
-        text_configs(model, contxt=64)
-
-
-def test_the_digits_defaults_are_the_dataclasses(monkeypatch, tmp_path):
-    """`eqattn train` (the digits) trains with `ModelConfig()` and `TrainConfig()` as they
-    are, for either model: the options whose default depends on the task (None in the parser)
-    take the digits' values, not the text task's."""
-    from eqattn.train import TrainConfig
-
-    seen = []
-
-    def fake_train(model_config, config, out, **kwargs):
-        seen.append((model_config, config))
-        raise RunError("stop here")
-
-    monkeypatch.setattr(eqattn.train, "train", fake_train)
+    config_type = TASKS[task].config_type
+    changed = {"text": (["--context", "64"], dict(context=64))}.get(task, ([], {}))
+    corpus = [] if task != "text" else ["--text", str(tmp_path / "corpus")]
+    (tmp_path / "corpus").mkdir()
+    for i in range(40):
+        (tmp_path / "corpus" / f"{i}.txt").write_text(f"document {i}\n" * 50)
     for model in ("deq", "explicit"):
-        assert main(["train", "--model", model, "--out", str(tmp_path)])
-        assert seen.pop() == (ModelConfig(model=model), TrainConfig())
+        cases = [([], {}), (["--lr", "0.02", *changed[0]], dict(lr=0.02, **changed[1]))]
+        if task == "text" and model == "deq":
+            cases += [(_case(fields).split(), fields) for fields in CANDIDATES]
+        for argv, fields in cases:
+            command = ["train", "--task", task, "--model", model, "--out", str(tmp_path), *argv]
+            assert main([*command, *corpus]) == 1
+            text_paths = {"text": (str(tmp_path / "corpus"),)} if task == "text" else {}
+            assert seen.pop() == config_type(model=model, **fields, **text_paths)
+    with pytest.raises(TypeError, match="contxt"):
+        config_type(contxt=64)
 
 
 def test_a_long_context_step_differentiates_in_chunks_and_the_penalty_probes_a_share():
@@ -300,14 +257,12 @@ def test_a_long_context_step_differentiates_in_chunks_and_the_penalty_probes_a_s
     import equinox as eqx
     import optax
 
-    from eqattn.train._models import predict
-    from eqattn.train._text import make_text_train_step, windows_per_chunk
+    from eqattn.text._task import make_text_train_step, windows_per_chunk
 
     assert [windows_per_chunk(16, c) for c in (256, 1024, 4096, 8192)] == [16, 4, 1, 1]
     assert windows_per_chunk(6, 1024) == 3  # a divisor of the batch
-    fields = dict(context=CONTEXT, dim=8, heads=2)
-    model_config, config = text_configs("deq", **fields)
-    model = build_model(model_config, jax.random.key(0))
+    config = text.TextConfig(context=CONTEXT, dim=8, heads=2)
+    model = text.TextTask.build_model(config, jax.random.key(0))
     optimizer = optax.sgd(1.0)  # the update is minus the gradient
     params = lambda m: eqx.filter(m, eqx.is_inexact_array)  # noqa: E731
     state = optimizer.init(params(model))
@@ -321,8 +276,8 @@ def test_a_long_context_step_differentiates_in_chunks_and_the_penalty_probes_a_s
         ("chunked", CONTEXT, 1.0),  # one window at a time
         ("half probed", 4 * CONTEXT, 0.5),
     ]:
-        train_config = text_configs("deq", **fields, jacobian_share=share)[1]
-        step = eqx.filter_jit(make_text_train_step(model_config, train_config, optimizer, tokens))
+        shared = dataclasses.replace(config, jacobian_share=share)
+        step = eqx.filter_jit(make_text_train_step(shared, optimizer, tokens))
         if name != "half probed":
             memory[name] = step.lower(*args).compile().compiled.memory_analysis().temp_size_in_bytes
         runs[name] = step(*args)
@@ -339,7 +294,7 @@ def test_a_long_context_step_differentiates_in_chunks_and_the_penalty_probes_a_s
     @eqx.filter_jit
     def penalty_grads(model):
         def one(xi, ki, pk):
-            z = predict(model, xi, config.train_steps, key=ki).fixed_point
+            z = model.predict(xi, budget=config.training_budget, key=ki).fixed_point
             grad = eqx.filter_grad(lambda m: m.jacobian_penalty(xi, z, key=ki, probe_key=pk))
             return params(grad(model))
 

@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import graphs
+from ._bfs import bfs, valid_parents
+from ._families import sample
+from ._model import IDENTITY_DIM
 
 
 def draw(
@@ -24,7 +26,7 @@ def draw(
     for b in range(count):
         family = families[rng.integers(len(families))]
         n = int(rng.integers(low, high + 1))
-        g = graphs.sample(family, n, 1, seed=int(rng.integers(1 << 31)))
+        g = sample(family, n, 1, seed=int(rng.integers(1 << 31)))
         adjacency[b, :n, :n], source[b], real[b, :n] = g.adjacency[0], g.source[0], True
     return adjacency, source, real
 
@@ -33,11 +35,11 @@ def examples(adjacency, source, real, rng: np.random.Generator):
     """A step's data: `((features, adjacency), (reach, parents, real))`, the nodes' identity
     vectors drawn from `rng`."""
     count, n = real.shape
-    ids = rng.standard_normal((count, n, graphs.IDENTITY_DIM)).astype(np.float32)
+    ids = rng.standard_normal((count, n, IDENTITY_DIM)).astype(np.float32)
     flag = np.zeros((count, n, 1), np.float32)
     flag[np.arange(count), source, 0] = 1.0
-    reach, distance = graphs.bfs(adjacency, source)
-    parents = graphs.valid_parents(adjacency, distance)
+    reach, distance = bfs(adjacency, source)
+    parents = valid_parents(adjacency, distance)
     inputs = (np.concatenate([ids * real[..., None], flag], -1), adjacency)
     return inputs, (reach & real, parents, real)
 

@@ -8,7 +8,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from ._errors import RunError
+from .._errors import RunError
 
 TEMP_PREFIX = ".eqattn-tmp-"
 """The prefix of a write's temporary file (a killed run may leave one behind)."""

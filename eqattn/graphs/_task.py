@@ -1,9 +1,11 @@
-"""`eqattn train --task graphs`: reachability and a BFS parent for every node of graphs drawn on
-the fly (`eqattn.graphs`), trained on small graphs and tested on graphs up to 64 times larger,
-where a DEQ's solve takes as many steps as the graph is deep."""
+"""The graph task: reachability and a BFS parent for every node of graphs drawn on the fly,
+trained on small graphs and tested on graphs up to 64 times larger, where a DEQ's solve takes as
+many steps as the graph is deep."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -11,48 +13,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import graphs
-from .._errors import ConfigError
-from ._config import ModelConfig, TrainConfig
-from ._evaluation import progress_bar
-from ._graph_data import draw, examples, node_scores
-from ._graph_scores import distance_table, evaluate_sizes, summary_lines
-from ._models import explicit_shape, predict
-from ._step import apply
-from ._task import AbstractTask, Headline, run_line
+from .. import train
+from ..train import AbstractTask, ConfigError, Headline, apply, progress_bar, run_line, with_shape
+from ._config import GraphConfig
+from ._data import draw, examples, node_scores
+from ._families import FAMILIES
+from ._model import GraphDEQ, GraphStack
+from ._predict import budget_for
+from ._scores import FAR, distance_lines, distance_table, evaluate_sizes, summary_lines
 
 VALIDATION_GRAPHS = 192
 """Graphs of the training sizes scored after each epoch (a fixed set), and at the end (another)."""
 
-# The task's defaults (measured in the graphs guide): the propagation block of width 16 solved
-# by Picard iteration (a step moves what a node knows one edge) with the Jacobian-free gradient,
-# 40 solver steps while training (2 x 16 + 8: the rule for the largest training graphs).
-_DEFAULTS = {
-    "dim": 16,
-    "heads": 1,
-    "epochs": 5,
-    "epoch_steps": 200,
-    "batch_size": 32,
-    "lr": 1e-2,
-    "weight_decay": 0.0,
-    "label_smoothing": 0.0,
-    "dropout": 0.0,
-    "train_steps": 40,
-    "max_steps": 4096,
-}
-_DEQ_DEFAULTS = {"solver": "picard", "adjoint": "jacobian-free", "rtol": 1e-4}
-# The explicit model: 16 untied blocks, as many as the training graphs' longest distance (15)
-# needs, so that it can solve its training distribution (at 4 it reaches 4 hops: 69% in
-# distribution); its width is then 7 for equal parameters.
-_EXPLICIT_DEFAULTS = {"depth": 16}
 
-
-def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
+def make_train_step(config: GraphConfig, optimizer):
     """The graphs' optimizer step (`Step`); `stats` = (share of nodes with both answers right,
     mean solver steps, mean relative residual, share converged)."""
 
     def loss_fn(model, inputs, targets):
-        p = jax.vmap(lambda x: predict(model, x, config.train_steps))(inputs)
+        p = jax.vmap(lambda x: model.predict(x, budget=config.training_budget))(inputs)
         loss, right_reach, right_parent = node_scores(p.logits, targets)
         real = targets[2].astype(loss.dtype)
         nodes = jnp.sum(real)
@@ -71,19 +50,18 @@ def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
 
 
 class GraphTask(AbstractTask):
-    """Graphs of `graph_sizes` nodes from `families` (all of `eqattn.graphs.FAMILIES` by
-    default), drawn afresh for every step; after each epoch a fixed set of graphs of the same
-    sizes is scored (the validation score keeps `best.eqx`), at the end another, and graphs of
-    64 nodes. `eqattn evaluate` scores every family at 16, 64 and 256 nodes (1024 for paths
-    and grids) against the solver's budget, and by distance from the source.
+    """Graphs of `graph_sizes` nodes from `families` (all of `FAMILIES` by default), drawn
+    afresh for every step; after each epoch a fixed set of graphs of the same sizes is scored
+    (the validation score keeps `best.eqx`), at the end another, and graphs of 64 nodes.
+    `evaluate` scores every family at 16, 64 and 256 nodes (1024 for paths and grids) against
+    the solver's budget, and by distance from the source.
 
     **Example:**
 
     ```python
-    from eqattn import train
+    from eqattn import graphs
 
-    model_config, config = train.configs("graphs", "deq")
-    task = train.GraphTask(model_config, config)
+    task = graphs.GraphTask(graphs.GraphConfig())
     (features, adjacency), (reach, parents, real) = task.example_batch()
     assert adjacency.shape == (32, 16, 16) and features.shape == (32, 16, 17)
     ```
@@ -91,32 +69,17 @@ class GraphTask(AbstractTask):
 
     name = "graphs"
     description = "reachability and BFS parents on graphs, trained small and tested large"
-    options = frozenset(("block", "graph_sizes", "families", "epoch_steps"))
-    defaults = _DEFAULTS
-    deq_defaults = _DEQ_DEFAULTS
-    explicit_defaults = _EXPLICIT_DEFAULTS
+    config_type = GraphConfig
     score = "train_accuracy"
     bar_name = "acc"
     headline = Headline("validation_accuracy", "val", ".3f", ".2%", higher_is_better=True)
+    config: GraphConfig
 
-    def __init__(self, model_config: ModelConfig, config: TrainConfig):
-        refused = [
-            ("--warm-start", config.warm_start),
-            ("--corrections", config.corrections),
-            ("--jacobian-weight", config.jacobian_weight),
-        ]
-        for option, value in refused:
-            if value:
-                raise ConfigError(f"{option} is not for --task graphs")
+    def __init__(self, config: GraphConfig):
         if jax.process_count() > 1:
-            raise ConfigError("--task graphs runs in one process")
-        self.families = tuple(config.families or graphs.FAMILIES)
-        unknown = set(self.families) - set(graphs.FAMILIES)
-        if unknown:
-            raise ConfigError(
-                f"--families must be of {', '.join(graphs.FAMILIES)}; got {', '.join(unknown)}"
-            )
-        self.model_config, self.config = model_config, config
+            raise ConfigError("the graph task runs in one process")
+        self.families = tuple(config.families or FAMILIES)
+        self.config = config
         self.batch, self.steps_per_epoch = config.batch_size, config.epoch_steps
         self.examples = self.batch * self.steps_per_epoch
 
@@ -129,13 +92,16 @@ class GraphTask(AbstractTask):
         self.larger = fixed(3, 48, (64, 64))
 
     @classmethod
-    def build_model(cls, config, key, *, width=None, mlp_ratio=2.0, dtype=None):
-        settings = dict(vars(config))
-        if config.model == "explicit":
-            if width is None:
-                width, mlp_ratio = explicit_shape(cls.build_model, config)
-            settings.update(width=width, mlp_ratio=mlp_ratio)
-        return graphs.model_from_settings(settings, key, dtype=dtype)
+    def build_model(cls, config, key, *, dtype=None):
+        """A [`GraphDEQ`][eqattn.graphs.GraphDEQ], or a [`GraphStack`][eqattn.graphs.GraphStack]
+        of `depth` blocks of the explicit `width` and `mlp_ratio`."""
+        common = dict(key=key, block=config.block, heads=config.heads, dtype=dtype)
+        if config.model == "deq":
+            solver, adjoint = config.deq_solver(), config.deq_adjoint()
+            ratio = config.mlp_ratio or 2.0
+            return GraphDEQ(config.dim, mlp_ratio=ratio, solver=solver, adjoint=adjoint, **common)
+        config = with_shape(cls.build_model, config)
+        return GraphStack(config.width, config.depth, mlp_ratio=config.mlp_ratio, **common)
 
     def example_batch(self):
         rng = np.random.default_rng(0)
@@ -148,8 +114,8 @@ class GraphTask(AbstractTask):
             yield examples(adjacency, source, real, rng), None
 
     @classmethod
-    def train_step(cls, model_config, config, optimizer):
-        return make_train_step(model_config, config, optimizer)
+    def train_step(cls, config, optimizer):
+        return make_train_step(config, optimizer)
 
     def test_metrics(self, model, final):
         out = dict(validation_accuracy=_accuracy(model, *self.validation)["accuracy"])
@@ -157,10 +123,12 @@ class GraphTask(AbstractTask):
             test, larger = _accuracy(model, *self.test), _accuracy(model, *self.larger)
             out.update({f"test_{k}": v for k, v in test.items()})
             out["test_accuracy_at_64_nodes"] = larger["accuracy"]
+            far = evaluate_sizes(model, self.config, None, sizes=FAR, sweep=False)
+            out["far_by_distance"] = distance_table(far)
         return out
 
     def record(self, *, steps, train_time):
-        m = self.model_config
+        m = self.config
         shape: dict[str, Any] = {"block": m.block, "dim": m.dim}
         if m.model == "explicit":
             shape = {"block": m.block, "depth": m.depth, "width": m.width, "mlp_ratio": m.mlp_ratio}
@@ -173,7 +141,7 @@ class GraphTask(AbstractTask):
         )
 
     @classmethod
-    def default_budgets(cls, config: ModelConfig) -> list[int] | None:
+    def default_budgets(cls, config) -> list[int] | None:
         return None  # the rule's multiples at each size (`evaluate_sizes`)
 
     @classmethod
@@ -191,7 +159,7 @@ class GraphTask(AbstractTask):
     @classmethod
     def summary(cls, metrics):
         return (
-            f"{metrics['model_config']['model']}: test accuracy {metrics['test_accuracy']:.2%} "
+            f"{metrics['config']['model']}: test accuracy {metrics['test_accuracy']:.2%} "
             f"(reachable {metrics['test_reach_accuracy']:.2%}, parent "
             f"{metrics['test_parent_accuracy']:.2%}; {metrics['test_graphs']} graphs of "
             f"{metrics['graph_sizes'][0]}-{metrics['graph_sizes'][1]} nodes; at 64 nodes "
@@ -202,12 +170,22 @@ class GraphTask(AbstractTask):
     def evaluation_report(cls, result):
         return summary_lines(result)
 
+    @classmethod
+    def comparison(cls, runs):
+        low, high = next(iter(runs.values()))["graph_sizes"]
+        sizes = " and ".join(map(str, FAR))
+        head = (
+            f"trained on graphs of {low}-{high} nodes, tested on graphs of {sizes} nodes: "
+            "accuracy (reachability and parent right) by distance from the source"
+        )
+        return [head, *distance_lines({m: r["far_by_distance"] for m, r in runs.items()})]
+
 
 def _accuracy(model, inputs, targets) -> dict[str, float]:
     """The shares of real nodes with reachability, the parent, and both right, and the solves'
     statistics, at the budget rule of the graphs' size."""
     n = targets[2].shape[1]
-    p = _predict_batch(model, inputs, jnp.asarray(graphs.budget_for(n)))
+    p = _predict_batch(model, inputs, jnp.asarray(budget_for(n)))
     _, right_reach, right_parent = node_scores(p.logits, targets)
     real = np.asarray(targets[2])
     share = lambda x: float(np.sum(np.asarray(x) & real) / np.sum(real))  # noqa: E731
@@ -223,4 +201,24 @@ def _accuracy(model, inputs, targets) -> dict[str, float]:
 
 @eqx.filter_jit
 def _predict_batch(model, inputs, budget):
-    return jax.vmap(lambda x: predict(model, x, budget))(inputs)
+    return jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
+
+
+def load_model(run: str | os.PathLike, *, max_steps: int | None = None) -> eqx.Module:
+    """The model of a graphs run (its directory, or a checkpoint file: the run's `best.eqx` is
+    its best validated model), for [`predict`][eqattn.graphs.predict]; its DEQ's step limit
+    raised to `max_steps` if given ([`eqattn.train.load_model`][] gives the configuration and
+    header too).
+
+    **Example:**
+
+    ```python
+    from eqattn import graphs
+
+    try:
+        graphs.load_model("no/such/run")
+    except graphs.RunError as error:
+        assert str(error).startswith("checkpoint not found")
+    ```
+    """
+    return train.load_model(Path(run), GraphTask, max_steps).model

@@ -1,4 +1,4 @@
-"""`eqattn evaluate` on a graphs run: every family at sizes up to 64 times the training sizes,
+"""Evaluating a graphs run: every family at sizes up to 64 times the training sizes,
 accuracy against the solver's budget, and by distance from the source."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import graphs
-from ._graph_data import examples
-from ._models import predict
+from ._bfs import bfs
+from ._data import examples
+from ._families import FAMILIES, sample
+from ._predict import budget_for
 
 SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
 """Nodes per graph, and how many graphs of each family are scored at that size."""
@@ -27,7 +28,7 @@ BUCKETS = ((0, 4), (5, 16), (17, 64), (65, 256), (257, 1024))
 
 @eqx.filter_jit
 def _solve(model, inputs, budget):
-    p = jax.vmap(lambda x: predict(model, x, budget))(inputs)
+    p = jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
     reach, scores = p.logits
     return reach > 0, jnp.argmax(scores, -1), p.steps, p.converged
 
@@ -61,23 +62,30 @@ def _by_distance(distance: np.ndarray, both: np.ndarray) -> dict[str, list[int]]
     return out
 
 
-def evaluate_sizes(model, config, budgets: list[int] | None, tick=None) -> list[dict[str, Any]]:
-    """One row per family and size: the graphs' largest distance, the scores at the budget rule
-    and (a DEQ, up to 256 nodes) against the budget (`budgets`, else `SWEEP` times the rule),
-    stopping at the first budget within which every solve converged, and the rule's scores by
-    distance from the source."""
+FAR = {256: 2, 1024: 1}
+"""The larger graphs a finished run is scored on by distance (every family at 256 nodes, paths
+and grids at 1024): 16 to 64 times the training graphs' size."""
+
+
+def evaluate_sizes(
+    model, config, budgets: list[int] | None, tick=None, sizes=SIZES, sweep: bool = True
+) -> list[dict[str, Any]]:
+    """One row per family and size (`sizes`: nodes and graphs per family): the graphs' largest
+    distance, the scores at the budget rule and (a DEQ, up to 256 nodes, with `sweep`) against
+    the budget (`budgets`, else `SWEEP` times the rule), stopping at the first budget within
+    which every solve converged, and the rule's scores by distance from the source."""
     rows = []
-    for n, count in SIZES.items():
-        for family in graphs.FAMILIES:
+    for n, count in sizes.items():
+        for family in FAMILIES:
             if n > 256 and family not in LARGEST:
                 continue
-            g = graphs.sample(family, n, count, seed=1000 + n)
-            _, distance = graphs.bfs(*g)
-            rule = graphs.budget_for(n)
+            g = sample(family, n, count, seed=1000 + n)
+            _, distance = bfs(*g)
+            rule = budget_for(n)
             at_rule, both = _score(model, g.adjacency, g.source, rule)
             row = dict(family=family, n=n, graphs=count, max_distance=int(distance.max()))
             row.update(budget_rule=rule, at_rule=at_rule, by_distance=_by_distance(distance, both))
-            if config.model == "deq" and n <= 256:
+            if sweep and config.model == "deq" and n <= 256:
                 row["sweep"] = _sweep(model, g, budgets or [int(f * rule) for f in SWEEP])
             rows.append(row)
             if tick is not None:
@@ -105,8 +113,21 @@ def distance_table(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
     return total
 
 
+def distance_lines(by_model: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Each model's accuracy (both answers right) by distance from the source, side by side:
+    `by_model` maps a model to its `distance_table`."""
+    first = next(iter(by_model.values()))
+    lines = ["distance      nodes" + "".join(f"{model:>10}" for model in by_model)]
+    for bucket, (_, nodes) in first.items():
+        cells = "".join(
+            f"{table[bucket][0] / max(table[bucket][1], 1):>10.2%}" for table in by_model.values()
+        )
+        lines.append(f"{bucket:<11} {nodes:>7}{cells}")
+    return lines
+
+
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    """The lines `eqattn evaluate` prints of a graphs run."""
+    """The lines of a graphs run's evaluation (what `eqattn evaluate` prints)."""
     deq = result["model"] == "deq"
     lines = [
         f"graphs ({result['model']} model): reachability, the parent and both right, per family "
@@ -131,7 +152,5 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             lines.append(
                 "    against the budget: " + ", ".join(cells) + (" (all converged)" if done else "")
             )
-    lines.append("by distance from the source (every family and size): distance, nodes, both right")
-    for bucket, (right, nodes) in result["by_distance"].items():
-        lines.append(f"  {bucket:>11} {nodes:>7} {right / max(nodes, 1):>9.2%}")
-    return lines
+    lines.append("by distance from the source (every family and size): both answers right")
+    return lines + distance_lines({result["model"]: result["by_distance"]})

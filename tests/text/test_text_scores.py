@@ -9,7 +9,7 @@ import pytest
 
 import eqattn
 from eqattn import text
-from eqattn.train._text_scores import bits_per_byte, cached_bits_per_byte, reported_bits_per_byte
+from eqattn.text._scores import bits_per_byte, cached_bits_per_byte, reported_bits_per_byte
 
 CONTEXT = 16
 

@@ -1,4 +1,4 @@
-r"""`eqattn retrieve`: digits stored as modern Hopfield patterns, retrieved from corrupted queries.
+r"""Digits stored as modern Hopfield patterns, retrieved from corrupted queries.
 
 Each stored pattern $x_i$ is an image, centred (the mean image subtracted) and scaled to unit
 norm; a query is a stored pattern with pixels masked (set to the mean) or noised. Retrieval runs the update
@@ -20,10 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import data
-from .._errors import ConfigError, RunError
-from .._files import atomic_write, writable_dir
-from .._hopfield import hopfield_update
+from .. import hopfield_update
+from ..train import ConfigError, RunError, atomic_write, writable_dir
+from ._data import load_digits
 
 BETAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
@@ -37,7 +36,7 @@ def corrupt(
         return np.where(rng.random(images.shape) < amount, 0.0, images).astype(np.float32)
     if how == "noise":
         return (images + amount * rng.standard_normal(images.shape)).astype(np.float32)
-    raise ConfigError(f"--corruption must be 'mask' or 'noise'; got {how!r}")
+    raise ConfigError(f"`corruption` must be 'mask' or 'noise'; got {how!r}")
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -69,25 +68,25 @@ def retrieve(
     **Example:**
 
     ```python
-    from eqattn import train
+    from eqattn import digits
 
-    report = train.retrieve("runs/retrieval", patterns=50, betas=(1.0, 64.0), plot=False)
+    report = digits.retrieve("runs/retrieval", patterns=50, betas=(1.0, 64.0), plot=False)
     small, large = (row["pattern_accuracy"] for row in report["rows"])
     assert large > small  # single patterns at large beta, averages at small
     ```
     """
-    digits = data.load_digits()
-    images, labels = digits.train_images, digits.train_labels
+    data = load_digits()
+    images, labels = data.train_images, data.train_labels
     if not 1 <= patterns <= len(images):
-        raise ConfigError(f"--patterns must be in [1, {len(images)}]; got {patterns}")
+        raise ConfigError(f"`patterns` must be in [1, {len(images)}]; got {patterns}")
     if steps < 1:
-        raise ConfigError(f"--steps must be >= 1; got {steps}")
+        raise ConfigError(f"`steps` must be >= 1; got {steps}")
     if not betas or not all(math.isfinite(b) and b > 0 for b in betas):
-        raise ConfigError(f"every --betas value must be finite and > 0; got {list(betas)}")
+        raise ConfigError(f"every `betas` value must be finite and > 0; got {list(betas)}")
     if corruption == "mask" and not 0 <= amount < 1:
-        raise ConfigError(f"--amount for 'mask' is a fraction in [0, 1); got {amount}")
+        raise ConfigError(f"`amount` for 'mask' is a fraction in [0, 1); got {amount}")
     if not (amount >= 0 and math.isfinite(amount)):
-        raise ConfigError(f"--amount must be finite and >= 0; got {amount}")
+        raise ConfigError(f"`amount` must be finite and >= 0; got {amount}")
     out = writable_dir(out_dir) if plot else None
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(images), patterns, replace=False)

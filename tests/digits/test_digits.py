@@ -1,10 +1,10 @@
-"""The `eqattn` command at tiny sizes: outputs, files, errors and Ctrl-C."""
+"""The digits task through the `eqattn` command at tiny sizes: outputs, files, errors, the DEQ's
+training levers, retrieval."""
 
 import hashlib
 import importlib.metadata
 import json
 import os
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,16 +15,25 @@ import eqattn
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
-from eqattn._checkpoint import read_header  # noqa: E402
+from eqattn import digits  # noqa: E402
 from eqattn.cli import main  # noqa: E402
-from eqattn.train import ConfigError, ModelConfig, explicit_shape, load_model  # noqa: E402
-from eqattn.train._digits import shift_images  # noqa: E402
-from eqattn.train._models import adjoint_of  # noqa: E402
+from eqattn.digits._task import shift_images  # noqa: E402
 
 # The command runs in JAX's default float32 for its users (the suite's default is float64).
 pytestmark = pytest.mark.float32
-ROOT = Path(__file__).parent.parent.parent
-TINY = ["--train-size", "64", "--batch-size", "32", "--dim", "8", "--heads", "2", "--no-progress"]
+TINY = [
+    "--task",
+    "digits",
+    "--train-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--dim",
+    "8",
+    "--heads",
+    "2",
+]
+TINY += ["--model", "deq", "--no-progress"]
 
 
 def run(capsys, *argv):
@@ -49,9 +58,12 @@ def test_train_writes_checkpoint_and_metrics(trained):
     assert 0 <= metrics["test_accuracy"] <= 1 and metrics["test_examples"] == 359
     assert 1 <= metrics["test_mean_solver_steps"] <= 8
     assert metrics["params"] > 0 and metrics["step_temp_memory_mb"] > 0
-    assert metrics["model_config"]["max_steps"] == 8
+    assert metrics["config"]["max_steps"] == 8 and metrics["task"] == "digits"
+    # the training budget of 10 (the default) capped at the step limit of 8
+    assert all(h["solver_steps"] <= 8 for h in metrics["history"])
     header = json.loads((trained / "checkpoint.eqx").read_bytes().split(b"\n", 1)[0])
-    assert header["format"] == "eqattn-checkpoint-2" and header["epoch"] == 2
+    assert header["format"] == "eqattn-checkpoint-3" and header["epoch"] == 2
+    assert header["task"] == "digits" and header["config"] == metrics["config"]
     payload = (trained / "checkpoint.eqx").read_bytes().split(b"\n", 1)[1]
     assert header["sha256"] == hashlib.sha256(payload).hexdigest()
 
@@ -82,7 +94,7 @@ def test_evaluate_reproduces_accuracy(trained, capsys, tmp_path):
 
 def test_explicit_baseline_matches_parameters(trained, capsys, tmp_path):
     code, out, err = run(
-        capsys, "train", "--model", "explicit", *TINY, "--epochs", "1", "--out", str(tmp_path)
+        capsys, "train", *TINY, "--model", "explicit", "--epochs", "1", "--out", str(tmp_path)
     )
     assert code == 0, err
     assert out.splitlines()[0].startswith("epoch 1/1: loss")  # plain lines off a terminal
@@ -91,7 +103,7 @@ def test_explicit_baseline_matches_parameters(trained, capsys, tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert abs(metrics["params"] - deq) <= 0.05 * deq
     # the shape built is recorded (its width was 20% short of the DEQ's parameters before)
-    assert (metrics["model_config"]["width"], metrics["model_config"]["mlp_ratio"]) == (4, 3.25)
+    assert (metrics["config"]["width"], metrics["config"]["mlp_ratio"]) == (4, 3.25)
     code, out, _ = run(capsys, "evaluate", "--checkpoint", str(tmp_path / "checkpoint.eqx"))
     assert code == 0 and "explicit model" in out and "max steps" not in out
 
@@ -102,33 +114,11 @@ def test_explicit_digits_model_has_the_deqs_parameters_within_5_percent(dim, hea
     At every one of these settings the width alone (MLP ratio 2) missed by 10% to 20%."""
     from ..reference import built_model, parameter_count
 
-    count = lambda config: parameter_count(built_model(config))  # noqa: E731
-    deq = count(ModelConfig(dim=dim, heads=heads))
+    count = lambda config: parameter_count(built_model(digits.DigitsTask, config))  # noqa: E731
+    deq = count(digits.DigitsConfig(dim=dim, heads=heads))
     assert deq > 8 * dim * dim  # one block: attention 4 d^2, MLP 4 d^2
-    assert abs(count(ModelConfig(model="explicit", dim=dim, heads=heads)) - deq) <= 0.05 * deq
-
-
-def test_an_explicit_digits_checkpoint_without_its_shape_still_loads():
-    """A checkpoint written before runs recorded the explicit model's width and MLP ratio
-    (tests/fixtures/digits-explicit-v1, by commit 5a69270) rebuilds the shape it was built with
-    (width 4 at MLP ratio 2, 20% short of the DEQ's parameters) and gives that commit's logits;
-    a new run of its settings is built otherwise."""
-    from eqattn.data import load_digits, tokenize
-
-    fixture = ROOT / "tests" / "fixtures" / "digits-explicit-v1"
-    expected = json.loads((fixture / "expected.json").read_text())
-    model = load_model(fixture / "checkpoint.eqx")[0]
-    block = model.blocks[0]
-    shape = {"depth": len(model.blocks), "width": block.mlp_in.in_features}
-    shape["mlp_ratio"] = block.mlp_in.out_features / block.mlp_in.in_features
-    assert shape == expected["model_shape"]
-    x = tokenize(load_digits().test_images[:4], "rows")
-    logits = jax.vmap(lambda xi: model(xi, inference=True))(x)
-    np.testing.assert_allclose(
-        logits, expected["logits_of_the_first_4_test_images"], rtol=1e-6, atol=1e-6
-    )
-    _, header = read_header(fixture / "checkpoint.eqx")
-    assert explicit_shape(ModelConfig(**header["config"])) == (4, 3.25)  # a new run's shape
+    explicit = digits.DigitsConfig(model="explicit", dim=dim, heads=heads)
+    assert abs(count(explicit) - deq) <= 0.05 * deq
 
 
 def _one_line_error(code, err, expected_code, pattern):
@@ -156,20 +146,14 @@ def test_errors_are_one_line(trained, capsys, tmp_path):
     code, _, err = run(capsys, "train", *TINY, "--out", str(blocker / "run"))
     _one_line_error(code, err, 1, "cannot write to output directory")
 
-    code, _, err = run(capsys, "train", "--dim", "10", "--heads", "4")
+    code, _, err = run(capsys, "train", "--task", "digits", "--dim", "10", "--heads", "4")
     _one_line_error(code, err, 2, "--dim (10) must be divisible by --heads (4)")
 
-    out = tmp_path / "capped"
-    code, _, err = run(capsys, "train", *TINY, "--train-steps", "100", "--out", str(out))
-    _one_line_error(code, err, 2, "--train-steps (100) must be at most --max-steps")
-    assert not out.exists()  # refused before anything is written
-    from eqattn.train import TrainConfig, train
-
-    with pytest.raises(
-        ConfigError, match=r"--train-steps \(100\) must be at most --max-steps \(8\)"
-    ):
-        train(ModelConfig(max_steps=8), TrainConfig(train_steps=100), out)  # the Python API too
-    assert not out.exists()
+    code, _, err = run(capsys, "train", *TINY, "--train-size", "0", "--out", str(tmp_path / "z"))
+    _one_line_error(code, err, 2, "--train-size must be >= 1; got 0")
+    assert not (tmp_path / "z").exists()  # refused before anything is written
+    with pytest.raises(digits.ConfigError, match=r"^`train_size` must be >= 1; got 0$"):
+        digits.DigitsConfig(train_size=0)  # the Python API names the parameter
 
     for argv, pattern in [
         (["train", "--epochz", "3"], "unrecognized arguments: --epochz"),
@@ -203,28 +187,31 @@ def test_training_levers(capsys, tmp_path):
         capsys, "train", *TINY, "--epochs", "2", *levers, "--out", str(tmp_path / "a")
     )
     assert code == 0, err
+    config = json.loads((tmp_path / "a" / "metrics.json").read_text())["config"]
     metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
-    assert metrics["train_config"]["warm_start"] and metrics["train_config"]["train_steps"] == 4
-    assert metrics["model_config"]["backward_steps"] == 3
-    assert metrics["train_config"]["jacobian_share"] == 0.5
+    assert config["warm_start"] and config["train_steps"] == 4 and config["backward_steps"] == 3
+    assert config["jacobian_share"] == 0.5
     assert all(h["solver_steps"] <= 4 for h in metrics["history"])
     # Broyden with the shared inverse, in a run of one optimizer step (8 images, one batch)
     code, out, err = run(
-        capsys, "train", "--train-size", "8", "--epochs", "1", "--dim", "8", "--heads", "2",
-        "--no-progress", "--adjoint", "shared-inverse", "--solver", "broyden",
+        capsys, "train", "--task", "digits", "--model", "deq", "--train-size", "8", "--epochs", "1",
+        "--dim", "8",
+        "--heads", "2", "--no-progress", "--adjoint", "shared-inverse", "--solver", "broyden",
         "--out", str(tmp_path / "one-step"),
     )  # fmt: skip
     assert code == 0, err
     assert len(json.loads((tmp_path / "one-step" / "metrics.json").read_text())["history"]) == 1
     # the phantom gradient through 2 half-damped steps, recorded for the checkpoint's rebuild
     code, out, err = run(
-        capsys, "train", "--train-size", "8", "--epochs", "1", "--dim", "8", "--heads", "2",
-        "--no-progress", "--adjoint", "phantom", "--phantom-steps", "2",
+        capsys, "train", "--task", "digits", "--model", "deq", "--train-size", "8", "--epochs", "1",
+        "--dim", "8",
+        "--heads", "2", "--no-progress", "--adjoint", "phantom", "--phantom-steps", "2",
         "--phantom-damping", "0.5", "--out", str(tmp_path / "phantom"),
     )  # fmt: skip
     assert code == 0, err
-    saved = json.loads((tmp_path / "phantom" / "metrics.json").read_text())["model_config"]
-    assert adjoint_of(ModelConfig.from_dict(saved)) == eqattn.Phantom(steps=2, damping=0.5)
+    saved = json.loads((tmp_path / "phantom" / "metrics.json").read_text())["config"]
+    config = digits.DigitsConfig.from_dict(saved)
+    assert config.deq_adjoint() == eqattn.Phantom(steps=2, damping=0.5)
     # fixed-point correction: the training budget of 5 in pieces of 3 and 2 steps
     code, out, err = run(
         capsys, "train", *TINY, "--epochs", "1", "--train-steps", "5", "--corrections", "2",
@@ -232,11 +219,12 @@ def test_training_levers(capsys, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     metrics = json.loads((tmp_path / "corrected" / "metrics.json").read_text())
-    assert metrics["train_config"]["corrections"] == 2
+    assert metrics["config"]["corrections"] == 2
     assert 2 <= metrics["history"][0]["solver_steps"] <= 5
     for argv, pattern in [
         (["--corrections", "-1"], "--corrections must be >= 0"),
-        (["--correction-decay", "0"], "--correction-decay must be in (0, 1]"),
+        (["--correction-decay", "0"], "--correction-decay must be in (0, 1]; got 0.0"),
+        (["--corrections", "3", "--train-steps", "5"], "needs a training budget of at least 6"),
         (["--train-steps", "1"], "--train-steps must be >= 2 (a budget of 1 evaluates"),
         (["--max-steps", "1"], "--max-steps must be >= 2 (a budget of 1 evaluates"),
         (["--jacobian-weight", "-1"], "--jacobian-weight must be finite and >= 0"),
@@ -261,6 +249,8 @@ def test_retrieve(capsys, tmp_path):
     assert (tmp_path / "retrieval.png").stat().st_size > 1000
     code, _, err = run(capsys, "retrieve", "--patterns", "0", "--out", str(tmp_path))
     _one_line_error(code, err, 2, "--patterns must be in [1,")
+    with pytest.raises(digits.ConfigError, match="^`patterns` must be in"):
+        digits.retrieve(tmp_path, patterns=0)
 
 
 def test_info(capsys):
@@ -283,19 +273,3 @@ def test_shift_images():
     rows, cols = np.nonzero(shifted)[1:]
     assert set(rows) == {3, 4, 5} and set(cols) == {2, 3, 4}
     np.testing.assert_array_equal(shift_images(images, 0, np.random.default_rng(0)), images)
-
-
-def test_a_checkpoint_of_the_earlier_model_layout_still_loads():
-    """A checkpoint written before the models held `TokenEmbedding` and `ReadOut` modules (its
-    logits recorded by that code) loads into today's models with the same logits: the modules
-    keep the leaf order checkpoints are written in."""
-    from eqattn.data import load_digits, tokenize
-
-    fixture = ROOT / "tests" / "fixtures" / "checkpoint-v2"
-    expected = json.loads((fixture / "expected.json").read_text())
-    model = load_model(fixture / "checkpoint.eqx")[0]
-    x = tokenize(load_digits().test_images[:4], "rows")
-    logits = jax.vmap(lambda xi: model(xi, inference=True))(x)
-    np.testing.assert_allclose(
-        logits, expected["logits_of_the_first_4_test_images"], rtol=1e-6, atol=1e-6
-    )

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import nn, text
-from ._models import predict
+from .. import nn
+from ._windows import Windows
 
 EVAL_BATCH = 32
 """Windows per evaluation call (the last call is padded with unscored windows)."""
@@ -33,7 +33,7 @@ EVAL_BATCH = 32
 @eqx.filter_jit
 def _score_windows(model, x, targets, weights, budget):
     """Summed bits and scored bytes of a batch of windows, and each window's solve."""
-    p = jax.vmap(lambda xi: predict(model, xi, budget))(x)
+    p = jax.vmap(lambda xi: model.predict(xi, budget=budget))(x)
     nats = optax.softmax_cross_entropy_with_integer_labels(p.logits, targets)
     bits = jnp.sum(nats * weights) / math.log(2)
     return bits, jnp.sum(weights), p.steps, p.residual, p.converged
@@ -67,11 +67,11 @@ def _score_cached(model, x, targets, weights, budget, start: int = 1):
     return jnp.sum(nats) / math.log(2), jnp.sum(scored), *solves
 
 
-def _score(score: Callable, model, windows: text.Windows, budget, tick) -> dict[str, Any]:
+def _score(score: Callable, model, windows: Windows, budget, tick) -> dict[str, Any]:
     return _summary(*_sums(score, model, windows, budget, tick))
 
 
-def _sums(score: Callable, model, windows: text.Windows, budget, tick):
+def _sums(score: Callable, model, windows: Windows, budget, tick):
     """Summed bits and scored bytes of `windows` and the statistics of each one's solve."""
     n = len(windows.inputs)
     pad = -n % EVAL_BATCH
@@ -100,13 +100,13 @@ def _summary(bits: float, scored: float, stats: list[np.ndarray]) -> dict[str, A
     )
 
 
-def bits_per_byte(model, windows: text.Windows, budget=None, tick=None) -> dict[str, Any]:
+def bits_per_byte(model, windows: Windows, budget=None, tick=None) -> dict[str, Any]:
     """Bits per byte of `windows`, each scored in one call (in batches of `EVAL_BATCH`, the
     last padded), and the mean statistics of the solves; `tick()` after each batch."""
     return _score(_score_windows, model, windows, budget, tick)
 
 
-def cached_bits_per_byte(model, windows: text.Windows, budget=None, tick=None) -> dict[str, Any]:
+def cached_bits_per_byte(model, windows: Windows, budget=None, tick=None) -> dict[str, Any]:
     """As `bits_per_byte`, each scored byte's row solved against the earlier rows' cache: every
     prediction reads the bytes before it alone (module docstring). A window whose first half is
     context only (scored by an earlier window) has that half solved jointly, which no scored
@@ -120,7 +120,7 @@ def cached_bits_per_byte(model, windows: text.Windows, budget=None, tick=None) -
     stats: list[list[np.ndarray]] = [[], [], []]
     for group, start in ((~later, 1), (later, half)):
         if group.any():
-            part = text.Windows(*(a[group] for a in windows))
+            part = Windows(*(a[group] for a in windows))
             score = functools.partial(_score_cached, start=max(start, 1))
             b, s, solves = _sums(score, model, part, budget, tick)
             bits, scored = bits + b, scored + s
@@ -129,7 +129,7 @@ def cached_bits_per_byte(model, windows: text.Windows, budget=None, tick=None) -
     return _summary(bits, scored, [np.concatenate(a) for a in stats])
 
 
-def cached_batches(windows: text.Windows) -> int:
+def cached_batches(windows: Windows) -> int:
     """Calls `cached_bits_per_byte` makes for `windows`."""
     half = windows.inputs.shape[1] // 2
     weights = windows.weights
@@ -137,7 +137,7 @@ def cached_batches(windows: text.Windows) -> int:
     return sum(-(-int(g.sum()) // EVAL_BATCH) for g in (~later, later))
 
 
-def reported_bits_per_byte(model, windows: text.Windows, budget=None, tick=None) -> dict[str, Any]:
+def reported_bits_per_byte(model, windows: Windows, budget=None, tick=None) -> dict[str, Any]:
     """The test figure `eqattn train` and `evaluate` report: a DEQ's through its cache
     (`cached_bits_per_byte`: exactly causal), an explicit model's in one call per window (the
     same, at less cost)."""
@@ -146,12 +146,12 @@ def reported_bits_per_byte(model, windows: text.Windows, budget=None, tick=None)
     return bits_per_byte(model, windows, budget, tick)
 
 
-def batches(windows: text.Windows) -> int:
+def batches(windows: Windows) -> int:
     """Calls to score `windows`."""
     return -(-len(windows.inputs) // EVAL_BATCH)
 
 
-def spread(windows: text.Windows, count: int) -> text.Windows:
+def spread(windows: Windows, count: int) -> Windows:
     """`count` windows spread evenly over `windows` (all of them if fewer)."""
     idx = np.unique(np.linspace(0, len(windows.inputs) - 1, count).astype(int))
-    return text.Windows(*(a[idx] for a in windows))
+    return Windows(*(a[idx] for a in windows))

@@ -75,17 +75,31 @@ def test_graph_options_and_refusals(capsys, tmp_path):
         return code, capsys.readouterr().err.strip()
 
     for argv, message in [
-        (["--context", "8"], "--context is not for --task graphs"),
-        (["--graph-sizes", "1,4"], "--graph-sizes must be two sizes 2 <= low <= high"),
-        (["--families", "star"], "--families must be of path"),
-        (["--jacobian-weight", "0.1"], "--jacobian-weight is not for --task graphs"),
+        (["--graph-sizes", "1", "4"], "--graph-sizes must be two sizes 2 <= low <= high"),
+        (["--max-steps", "1"], "--max-steps must be >= 2"),
     ]:
         code, line = refused(*argv)
         assert code == 2 and message in line and "\n" not in line, line
     assert not (tmp_path / "x").exists()
     # the generic transformer block runs too (its propagation decays: the guide measures it)
-    argv = ["--block", "transformer", "--dim", "16", "--heads", "2", "--epochs", "1"]
+    argv = [
+        "--block",
+        "transformer",
+        "--dim",
+        "16",
+        "--heads",
+        "2",
+        "--epochs",
+        "1",
+        "--model",
+        "deq",
+    ]
     assert main(["train", "--task", "graphs", *argv, "--epoch-steps", "5", "--no-progress",
                  "--out", str(tmp_path / "t")]) == 0  # fmt: skip
     model = graphs.load_model(tmp_path / "t")
     assert isinstance(model.head, graphs._model.TransformerHead)
+    # a budget below one step is refused, not answered with every node unreachable
+    g = graphs.sample("path", 6, 1, seed=0)
+    for budget in (0, -3, 2.5):
+        with pytest.raises(graphs.ConfigError, match="`budget` must be an integer >= 1"):
+            graphs.predict(model, g.adjacency, g.source, budget=budget)

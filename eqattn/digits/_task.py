@@ -1,9 +1,11 @@
-"""`eqattn train --task digits` (the default): classify the scikit-learn digits, 8 x 8 images
-read as 8 row tokens (or 16 patches of 2 x 2), scored by test accuracy."""
+"""The digits task: classify the scikit-learn digits, 8 x 8 images read as 8 row tokens (or 16
+patches of 2 x 2), scored by test accuracy."""
 
 from __future__ import annotations
 
-import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -12,21 +14,26 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import data, nn
-from ._config import ModelConfig, TrainConfig
-from ._evaluation import budget_sweep, progress_bar, sweep_note
-from ._models import (
-    correction_segments,
-    deq_options,
-    explicit_shape,
-    predict,
-    predict_corrected,
+from .. import nn, train
+from ..train import (
+    AbstractTask,
+    Headline,
+    apply,
+    budget_sweep,
+    on_host,
+    penalties,
+    probed,
+    progress_bar,
+    run_line,
+    sweep_note,
+    with_shape,
 )
-from ._placement import on_host
-from ._step import apply, penalties, probed
-from ._task import AbstractTask, Headline, run_line
+from ._config import DigitsConfig
+from ._data import load_digits, tokenize
 
 NUM_CLASSES = 10
+TOKENS = {"rows": (8, 8), "patches": (16, 4)}
+"""Tokens per image and features per token, by `DigitsConfig.tokens`."""
 
 
 def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np.ndarray:
@@ -41,16 +48,32 @@ def shift_images(images: np.ndarray, shift: int, rng: np.random.Generator) -> np
     return padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
-def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
+def correction_segments(budget: int, pieces: int) -> tuple[int, ...]:
+    """`budget` solver steps split into `pieces` nearly equal pieces (of at least 2 steps where
+    `budget >= 2 * pieces`, which `DigitsConfig` checks)."""
+    return tuple(budget // pieces + (i < budget % pieces) for i in range(pieces))
+
+
+def predict_corrected(model: nn.DEQTransformer, x, segments: Sequence[int], key=None, z0=None):
+    """As `model.predict`, the solve in `segments` pieces (fixed-point correction): `logits
+    [pieces, ...]`, one per piece's end; the statistics are the whole solve's."""
+    logits, pieces = model.trajectory(x, segments, key=key, inference=key is None, z0=z0)
+    last = pieces[-1]
+    steps = jnp.sum(jnp.stack([eq.steps for eq in pieces]))
+    return nn.Prediction(
+        jnp.stack(logits), steps, last.relative_residual, last.converged, last.value
+    )
+
+
+def make_train_step(config: DigitsConfig, optimizer):
     """The digits' optimizer step (`Step`), with the DEQ levers of `config` (training step
     budget, warm start from `z0` (None: zeros), Jacobian penalty, fixed-point correction).
     `stats` = (accuracy, mean solver steps, mean relative residual, fraction converged)."""
-    deq = model_config.model == "deq"
+    deq = config.model == "deq"
     regularize = deq and config.jacobian_weight > 0
     segments = None
     if deq and config.corrections:
-        budget = min(config.train_steps or model_config.max_steps, model_config.max_steps)
-        segments = correction_segments(budget, config.corrections)
+        segments = correction_segments(config.training_budget, config.corrections)
         weights = config.correction_decay ** jnp.arange(len(segments) - 1, -1, -1.0)
         weights = weights / weights.sum()
 
@@ -58,7 +81,7 @@ def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
         def one(xi, ki, zi):
             if segments is not None:
                 return predict_corrected(model, xi, segments, key=ki, z0=zi)
-            return predict(model, xi, config.train_steps, key=ki, z0=zi)
+            return model.predict(xi, budget=config.training_budget, key=ki, z0=zi)
 
         keys = jax.random.split(key, (2, len(x)))
         p = jax.vmap(one)(x, keys[0], z0)
@@ -87,7 +110,7 @@ def make_train_step(model_config: ModelConfig, config: TrainConfig, optimizer):
 
 @eqx.filter_jit
 def _classify(model, x, budget):
-    p = jax.vmap(lambda xi: predict(model, xi, budget))(x)
+    p = jax.vmap(lambda xi: model.predict(xi, budget=budget))(x)
     return jnp.argmax(p.logits, -1), p.steps, p.residual, p.converged
 
 
@@ -105,79 +128,63 @@ def _scores(model, x, labels, budget) -> dict[str, Any]:
 
 
 class DigitsTask(AbstractTask):
-    """The scikit-learn digits: a fixed, stratified split of 1,437 training and 359 test
-    images; a DEQ transformer or its explicit baseline classifies the token sequence.
+    """The scikit-learn digits: a fixed, stratified split of 1,438 training and 359 test
+    images; a DEQ transformer or its explicit twin classifies the token sequence.
 
     **Example:**
 
     ```python
-    from eqattn import train
+    from eqattn import digits
 
-    task = train.DigitsTask(train.ModelConfig(tokens="patches"), train.TrainConfig(train_size=64))
+    task = digits.DigitsTask(digits.DigitsConfig(tokens="patches", train_size=64))
     x, y = task.example_batch()  # 64 images as 16 patches of 2 x 2
-    assert x.shape == (64, 16, 4) and task.model_config.num_tokens == 16
+    assert x.shape == (64, 16, 4) and y.shape == (64,)
     ```
     """
 
     name = "digits"
     description = "classify the scikit-learn digits"
-    options = frozenset(
-        ("tokens", "num_tokens", "in_features", "shift", "train_size", "warm_start")
-        + ("corrections", "correction_decay")
-    )
+    config_type = DigitsConfig
     score = "train_accuracy"
     bar_name = "acc"
     headline = Headline("test_accuracy", "test", ".3f", ".2%", higher_is_better=True)
-    warm_start = True
     processes = True
+    config: DigitsConfig
 
-    def __init__(self, model_config: ModelConfig, config: TrainConfig):
-        self.digits = digits = data.load_digits()
+    def __init__(self, config: DigitsConfig):
+        self.digits = digits = load_digits()
         images, labels = digits.train_images, digits.train_labels
         if config.train_size is not None:
             images, labels = images[: config.train_size], labels[: config.train_size]
-        self.images, self.labels, self.tokens = images, labels, model_config.tokens
-        self.test_x = data.tokenize(digits.test_images, self.tokens)
+        self.images, self.labels, self.tokens = images, labels, config.tokens
+        self.test_x = tokenize(digits.test_images, self.tokens)
         self.config = config
         self.examples = len(labels)
         self.batch = min(config.batch_size, self.examples)
         self.steps_per_epoch = self.examples // self.batch
-        shape = data.tokenize(images[:1], self.tokens).shape
-        self.model_config = dataclasses.replace(
-            model_config, num_tokens=shape[1], in_features=shape[2]
-        )
 
     @property
     def label(self):
         return self.tokens
 
+    @property
+    def warm_start(self) -> bool:
+        return self.config.warm_start
+
     @classmethod
-    def build_model(cls, config, key, *, width=None, mlp_ratio=2.0, dtype=None):
-        io = dict(in_features=config.in_features, max_len=config.num_tokens, dtype=dtype)
-        if config.model == "deq":
-            return nn.DEQTransformer(
-                NUM_CLASSES, config.dim, config.heads, key=key, **deq_options(config), **io
-            )
-        if width is None:
-            width, mlp_ratio = explicit_shape(cls.build_model, config)
-        return nn.Transformer(
-            NUM_CLASSES,
-            width,
-            config.heads,
-            config.depth,
-            key=key,
-            dropout=config.dropout,
-            mlp_ratio=mlp_ratio,
-            **io,
-        )
+    def build_model(cls, config, key, *, dtype=None):
+        config = with_shape(cls.build_model, config)
+        tokens, features = TOKENS[config.tokens]
+        io = dict(in_features=features, max_len=tokens)
+        return config.transformer(NUM_CLASSES, key, dtype=dtype, **io)
 
     def example_batch(self):
-        x0 = jnp.asarray(data.tokenize(self.images[: self.batch], self.tokens))
+        x0 = jnp.asarray(tokenize(self.images[: self.batch], self.tokens))
         return x0, self.labels[: self.batch]
 
     def batches(self, rng, place):
         perm = rng.permutation(self.examples)
-        x_all = data.tokenize(shift_images(self.images, self.config.shift, rng), self.tokens)
+        x_all = tokenize(shift_images(self.images, self.config.shift, rng), self.tokens)
         for i in range(self.steps_per_epoch):
             idx = perm[i * self.batch : (i + 1) * self.batch]
             if place is None:
@@ -186,8 +193,8 @@ class DigitsTask(AbstractTask):
                 yield tuple(place.batch(x_all, self.labels, idx)), idx
 
     @classmethod
-    def train_step(cls, model_config, config, optimizer):
-        return make_train_step(model_config, config, optimizer)
+    def train_step(cls, config, optimizer):
+        return make_train_step(config, optimizer)
 
     def test_metrics(self, model, final):
         s = _scores(model, self.test_x, self.digits.test_labels, None)
@@ -203,8 +210,8 @@ class DigitsTask(AbstractTask):
 
     @classmethod
     def evaluate(cls, model, config, header, budgets, progress):
-        digits = data.load_digits()
-        x = jnp.asarray(data.tokenize(digits.test_images, config.tokens))
+        digits = load_digits()
+        x = jnp.asarray(tokenize(digits.test_images, config.tokens))
         labels = digits.test_labels
         deq = config.model == "deq"
         with progress_bar(1 + deq * len(budgets), "evaluate", progress, "budget") as bar:
@@ -243,7 +250,7 @@ class DigitsTask(AbstractTask):
     @classmethod
     def summary(cls, metrics):
         return (
-            f"{metrics['model_config']['model']}: test accuracy {metrics['test_accuracy']:.2%} "
+            f"{metrics['config']['model']}: test accuracy {metrics['test_accuracy']:.2%} "
             f"({metrics['test_examples']} images) | {run_line(metrics)}"
         )
 
@@ -268,3 +275,22 @@ class DigitsTask(AbstractTask):
                 f"{row['converged']:>9.1%}  {row['mean_relative_residual']:>13.1e}"
             )
         return lines + sweep_note(r)
+
+
+def load_model(run: str | os.PathLike, *, max_steps: int | None = None) -> eqx.Module:
+    """The model of a digits run (its directory, or a checkpoint file), its DEQ's step limit
+    raised to `max_steps` if given ([`eqattn.train.load_model`][] gives the configuration and
+    header too).
+
+    **Example:**
+
+    ```python
+    from eqattn import digits
+
+    try:
+        digits.load_model("no/such/run")
+    except digits.RunError as error:
+        assert str(error).startswith("checkpoint not found")
+    ```
+    """
+    return train.load_model(Path(run), DigitsTask, max_steps).model

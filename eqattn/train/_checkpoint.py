@@ -1,6 +1,6 @@
-"""Checkpoints: one file, a JSON header line (format, eqattn version, the model's configuration,
+"""Checkpoints: one file, a JSON header line (format, eqattn version, the task and its configuration,
 the payload's size and SHA-256) followed by the model's leaves in Equinox's serialization (no
-pickle) and, for `eqattn train --resume`, the training state at the last epoch boundary."""
+pickle) and, for resuming a run, the training state at the last epoch boundary."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import equinox as eqx
 
-from ._errors import RunError
+from .._errors import RunError
 from ._files import atomic_write
 
-FORMAT = "eqattn-checkpoint-2"
-_READABLE = ("eqattn-checkpoint-1", FORMAT)  # format 1: no checksum, no training state
+FORMAT = "eqattn-checkpoint-3"
+"""The header's format: the task's name and its configuration's fields (`Config.to_dict`)."""
 CHECKPOINT = "checkpoint.eqx"
 BEST = "best.eqx"
 """The model of the epoch with the best validation score (tasks with a validation split)."""
@@ -45,7 +45,7 @@ def save_checkpoint(
 ) -> None:
     """Write `model`, its `config` and optionally a `train_state` pytree to `path`, durably and
     atomically (a partial file never replaces a good one)."""
-    from . import __version__
+    from .. import __version__
 
     model_bytes = _serialise(model)
     payload = model_bytes + (b"" if train_state is None else _serialise(train_state))
@@ -73,8 +73,15 @@ def read_header(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
             header = json.loads(f.readline().decode())
     except (UnicodeDecodeError, json.JSONDecodeError, OSError):
         header = None
-    if not isinstance(header, dict) or header.get("format") not in _READABLE:
+    if not isinstance(header, dict) or not str(header.get("format")).startswith(
+        "eqattn-checkpoint"
+    ):
         raise RunError(f"{str(path)!r} is not an eqattn checkpoint (no {FORMAT} header)")
+    if header["format"] != FORMAT:
+        raise RunError(
+            f"{str(path)!r} was written by an earlier development version of eqattn (format "
+            f"{header['format']!r}; this version reads {FORMAT!r}): train it again"
+        )
     return path, header
 
 
@@ -84,17 +91,16 @@ def _payload(path: Path) -> tuple[dict[str, Any], bytes]:
     with open(path, "rb") as f:
         f.readline()
         payload = f.read()
-    if header["format"] != "eqattn-checkpoint-1":
-        if len(payload) != header.get("payload_bytes"):
-            raise RunError(
-                f"checkpoint {str(path)!r} is corrupt: {len(payload)} bytes of data, its header "
-                f"says {header.get('payload_bytes')} (truncated or appended to)"
-            )
-        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-            raise RunError(
-                f"checkpoint {str(path)!r} is corrupt: its data does not match the SHA-256 in "
-                "its header (overwritten or damaged)"
-            )
+    if len(payload) != header.get("payload_bytes"):
+        raise RunError(
+            f"checkpoint {str(path)!r} is corrupt: {len(payload)} bytes of data, its header "
+            f"says {header.get('payload_bytes')} (truncated or appended to)"
+        )
+    if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        raise RunError(
+            f"checkpoint {str(path)!r} is corrupt: its data does not match the SHA-256 in "
+            "its header (overwritten or damaged)"
+        )
     return header, payload
 
 
@@ -115,8 +121,7 @@ def _deserialise(path, data: bytes, like, what: str):
 def load_checkpoint(path: str | os.PathLike, like: eqx.Module) -> eqx.Module:
     """Read the model into a pytree shaped like `like` (its checksum checked first)."""
     header, payload = _payload(Path(path))
-    size = header.get("model_bytes", len(payload))
-    return _deserialise(path, payload[:size], like, "model")
+    return _deserialise(path, payload[: header["model_bytes"]], like, "model")
 
 
 def load_train_state(path: str | os.PathLike, like):

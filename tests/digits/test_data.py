@@ -3,7 +3,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from eqattn.data import load_digits, tokenize  # noqa: E402
+from eqattn.digits import load_digits, tokenize  # noqa: E402
 
 from ..checks import unchecked
 

@@ -1,10 +1,12 @@
-"""`eqattn train --task text`: a causal byte-level language model (DEQ or explicit) on a corpus
-of documents (`eqattn.text`), scored in bits per byte."""
+"""The text task: a causal byte-level language model (DEQ or explicit) on a corpus of
+documents, scored in bits per byte."""
 
 from __future__ import annotations
 
 import math
+import os
 import platform
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -13,53 +15,32 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import nn, text
-from .._errors import ConfigError, RunError
-from ._config import ModelConfig
-from ._evaluation import budget_sweep, progress_bar, sweep_note
-from ._models import deq_options, explicit_shape, predict
-from ._step import apply, penalties, probed
-from ._task import AbstractTask, Headline, run_line
-from ._text_scores import batches, bits_per_byte, cached_batches, reported_bits_per_byte, spread
+from .. import train
+from ..train import (
+    AbstractTask,
+    ConfigError,
+    Headline,
+    RunError,
+    apply,
+    budget_sweep,
+    penalties,
+    probed,
+    progress_bar,
+    run_line,
+    sweep_note,
+    with_shape,
+)
+from ._config import TextConfig
+from ._corpus import BYTES, Corpus, load_corpus
+from ._scores import batches, bits_per_byte, cached_batches, reported_bits_per_byte, spread
+from ._windows import evaluation_windows, training_batch
 
 VALIDATION_WINDOWS = 64
 """Windows of the validation split scored after each epoch (spread over the whole split)."""
 TOKENS_PER_GRADIENT = 4096
 """A text step differentiates at most this many tokens at a time: the batch's windows in
-chunks whose gradients are summed (the same step; the memory of one chunk). `--context 4096`
+chunks whose gradients are summed (the same step; the memory of one chunk). A context of 4096
 at batch 16 takes 16 chunks of one window."""
-
-# The text task's defaults that differ from the digits' (measured on a 2-core CPU, default
-# corpus, context 256, seed 0; then `python -m benchmarks text` over seeds 0-2): 500 steps of
-# 16 windows end in about 3 minutes in all. The learning rate: the explicit model's bits per
-# byte were 3.28 at the digits' 3e-3, 3.01 at 1e-2, 2.96 at 2e-2, and 4.67 (no learning past
-# the byte frequencies) at 4e-2; 1e-2 keeps a factor of 4 from that cliff. The DEQ's shape
-# (the explicit model matches its parameters): one explicit block before the DEQ block
-# (`stem_depth` 1) at width 52 has the parameters of one block at width 64; it reached
-# 3.245, 3.192, 3.204 bits per byte against the single block's 3.315, 3.325, 3.332. The
-# findings page has the trials.
-_DEFAULTS = {
-    "dim": 52,
-    "stem_depth": 1,
-    "epochs": 5,
-    "batch_size": 16,
-    "lr": 1e-2,
-    "label_smoothing": 0.0,
-    "dropout": 0.0,
-}
-# The DEQ's own. Picard's solves diverged mid-run at learning rates >= 6e-3; Anderson's
-# converged. The implicit backward left 36% of the test solves unconverged at 1e-2; the
-# Jacobian-free one converged them all. The Jacobian penalty probes an eighth of each batch's
-# windows (the same bits per byte as all of them, at an eighth of its cost); its weight trades
-# bits per byte against solver steps. The attention reads the block's input too
-# (`attend_input`): 3.127 against 3.245 reading the state alone (seeds 0-2 alike).
-_DEQ_DEFAULTS = {
-    "solver": "anderson",
-    "adjoint": "jacobian-free",
-    "jacobian_weight": 0.1,
-    "jacobian_share": 0.125,
-    "attend_input": True,
-}
 
 
 def protocol(context: int) -> dict[str, Any]:
@@ -85,20 +66,21 @@ def windows_per_chunk(batch: int, context: int, tokens: int = TOKENS_PER_GRADIEN
     return max(d for d in range(1, min(batch, most) + 1) if batch % d == 0)
 
 
-def make_text_train_step(model_config, config, optimizer, tokens=TOKENS_PER_GRADIENT):
+def make_text_train_step(config: TextConfig, optimizer, tokens=TOKENS_PER_GRADIENT):
     """`step(model, opt_state, x, (targets, weights), key, z0)`: one optimizer step on windows
     (`Step`); the loss is the mean cross-entropy (nats) of the scored positions; `stats` =
     (bits per byte, solver steps, relative residual, converged). The gradient is summed over
     chunks of at most `tokens` tokens (`windows_per_chunk`)."""
 
-    regularize = model_config.model == "deq" and config.jacobian_weight > 0
+    regularize = config.model == "deq" and config.jacobian_weight > 0
 
     def chunk_loss(model, x, labels, keys, scored, windows, penalized):
         """The chunk's share of the batch's loss and statistics: sums over its windows,
         divided by the batch's scored positions and windows (the penalty's, over the batch's
         `penalized` windows)."""
         targets, weights = labels
-        p = jax.vmap(lambda xi, ki: predict(model, xi, config.train_steps, key=ki))(x, keys[0])
+        budget = config.training_budget
+        p = jax.vmap(lambda xi, ki: model.predict(xi, budget=budget, key=ki))(x, keys[0])
         nats = optax.softmax_cross_entropy_with_integer_labels(p.logits, targets)
         loss = jnp.sum(nats * weights) / scored
         stats = tuple(jnp.sum(a) / windows for a in (p.steps, p.residual, p.converged))
@@ -135,12 +117,11 @@ def make_text_train_step(model_config, config, optimizer, tokens=TOKENS_PER_GRAD
     return step
 
 
-def corpus_of(header: dict[str, Any]) -> text.Corpus:
-    """The corpus a text checkpoint was trained on (its `--text` paths, else the default), checked
+def corpus_of(header: dict[str, Any]) -> Corpus:
+    """The corpus a text checkpoint was trained on (its `text` paths, else the default), checked
     against the SHA-256 its run recorded when the header has it."""
-    saved = header.get("train_config") or header.get("resume", {}).get("train_config", {})
     try:
-        corpus = text.load_corpus(saved.get("text"))
+        corpus = load_corpus(header["config"]["text"])
     except (ValueError, FileNotFoundError) as error:
         raise RunError(f"cannot load the checkpoint's corpus: {error}") from None
     expected = header.get("corpus_sha256")
@@ -156,96 +137,67 @@ class TextTask(AbstractTask):
     """Each epoch is `epoch_steps` optimizer steps on random windows of the training documents;
     after it, bits per byte on `VALIDATION_WINDOWS` validation windows; the metrics' test bits
     per byte score the whole test split when the run is done (not when Ctrl-C stops it, which
-    must end promptly: `eqattn evaluate` scores any checkpoint).
+    must end promptly: `eqattn.train.evaluate` scores any checkpoint).
 
     **Example:**
 
     ```python
     import pathlib, tempfile
-    from eqattn import train
+    from eqattn import text
 
     folder = pathlib.Path(tempfile.mkdtemp())
     for i in range(40):
         (folder / f"{i}.txt").write_text(f"line {i}\\n" * 4)
-    model_config, config = train.text_configs("explicit", context=16, text=(str(folder),))
-    task = train.TextTask(model_config, config)
-    x, (targets, weights) = task.example_batch()  # 16 windows of 16 bytes
+    config = text.TextConfig(model="explicit", context=16, text=(str(folder),))
+    x, (targets, weights) = text.TextTask(config).example_batch()  # 16 windows of 16 bytes
     assert x.shape == targets.shape == (16, 16)
     ```
     """
 
     name = "text"
     description = "a causal byte-level language model on a corpus of files"
-    options = frozenset(("context", "text", "epoch_steps"))
-    defaults = _DEFAULTS
-    deq_defaults = _DEQ_DEFAULTS
+    config_type = TextConfig
     score = "train_bits_per_byte"
     bar_name = "bpb"
     headline = Headline("validation_bits_per_byte", "val", ".3f", ".3f", higher_is_better=False)
-    language_model = True
+    config: TextConfig
 
-    def __init__(self, model_config: ModelConfig, config):
-        if config.warm_start:
-            raise ConfigError("--warm-start is for the digits (text windows are drawn afresh)")
-        if config.corrections:
-            raise ConfigError("--corrections is for the digits (not yet for --task text)")
+    def __init__(self, config: TextConfig):
         if jax.process_count() > 1:
-            raise ConfigError("--task text runs in one process")
+            raise ConfigError("the text task runs in one process")
         try:
-            self.corpus = text.load_corpus(config.text)
+            self.corpus = load_corpus(config.text)
         except (ValueError, FileNotFoundError) as error:
             raise ConfigError(str(error)) from None
         if max(len(d) for d in self.corpus.train) < 2:
             raise ConfigError("the corpus's training documents are all shorter than 2 bytes")
-        self.model_config, self.config = model_config, config
+        self.config = config
         self.batch = config.batch_size
         self.steps_per_epoch = config.epoch_steps
         self.examples = self.corpus.info["bytes"]["train"]
-        context = model_config.context
-        windows = text.evaluation_windows(self.corpus.validation, context)
+        windows = evaluation_windows(self.corpus.validation, config.context)
         self.validation = spread(windows, VALIDATION_WINDOWS)
-        self.test_windows = text.evaluation_windows(self.corpus.test, context)
+        self.test_windows = evaluation_windows(self.corpus.test, config.context)
 
     @classmethod
-    def build_model(cls, config, key, *, width=None, mlp_ratio=2.0, dtype=None):
-        io = dict(
-            vocab_size=text.BYTES + 1,
-            max_len=config.context,
-            pooling="none",
-            causal=True,
-            dtype=dtype,
-        )
-        if config.model == "deq":
-            return nn.DEQTransformer(
-                text.BYTES, config.dim, config.heads, key=key, **deq_options(config), **io
-            )
-        if width is None:
-            width, mlp_ratio = explicit_shape(cls.build_model, config)
-        return nn.Transformer(
-            text.BYTES,
-            width,
-            config.heads,
-            config.depth,
-            key=key,
-            dropout=config.dropout,
-            mlp_ratio=mlp_ratio,
-            **io,
-        )
+    def build_model(cls, config, key, *, dtype=None):
+        config = with_shape(cls.build_model, config)
+        io = dict(vocab_size=BYTES + 1, max_len=config.context, pooling="none", causal=True)
+        return config.transformer(BYTES, key, dtype=dtype, **io)
 
     def example_batch(self):
-        w = text.training_batch(
-            self.corpus.train, np.random.default_rng(0), self.batch, self.model_config.context
-        )
+        rng = np.random.default_rng(0)
+        w = training_batch(self.corpus.train, rng, self.batch, self.config.context)
         return jnp.asarray(w.inputs), (w.targets, w.weights)
 
     def batches(self, rng, place):
         for _ in range(self.steps_per_epoch):
-            w = text.training_batch(self.corpus.train, rng, self.batch, self.model_config.context)
+            w = training_batch(self.corpus.train, rng, self.batch, self.config.context)
             yield (w.inputs, (w.targets, w.weights)), None
 
     @classmethod
-    def train_step(cls, model_config, config, optimizer):
-        return make_text_train_step(model_config, config, optimizer)
+    def train_step(cls, config, optimizer):
+        return make_text_train_step(config, optimizer)
 
     def test_metrics(self, model, final):
         validation = bits_per_byte(model, self.validation)
@@ -266,9 +218,9 @@ class TextTask(AbstractTask):
 
     def record(self, *, steps, train_time):
         info = dict(self.corpus.info)
-        if info["source"] != "--text":
+        if info["source"] != "paths":
             info["python"] = platform.python_version()
-        m = self.model_config
+        m = self.config
         shape: dict[str, Any] = {
             "dim": m.dim,
             "cell_depth": m.cell_depth,
@@ -276,8 +228,7 @@ class TextTask(AbstractTask):
             "attend_input": m.attend_input,
         }
         if m.model == "explicit":  # its width matches the DEQ's parameters
-            width, mlp_ratio = explicit_shape(self.build_model, m)
-            shape = {"depth": m.depth, "width": width, "mlp_ratio": mlp_ratio}
+            shape = {"depth": m.depth, "width": m.width, "mlp_ratio": m.mlp_ratio}
         tokens = steps * self.batch * m.context
         return dict(
             model_shape=shape,
@@ -291,7 +242,7 @@ class TextTask(AbstractTask):
     @classmethod
     def evaluate(cls, model, config, header, budgets, progress):
         corpus = corpus_of(header)
-        windows = text.evaluation_windows(corpus.test, config.context)
+        windows = evaluation_windows(corpus.test, config.context)
         deq = config.model == "deq"
         total = (cached_batches(windows) if deq else 0) + batches(windows) * (deq * len(budgets))
         with progress_bar(total or batches(windows), "evaluate", progress) as bar:
@@ -324,10 +275,19 @@ class TextTask(AbstractTask):
     def summary(cls, metrics):
         documents = metrics["corpus"]["documents"]["test"]
         return (
-            f"{metrics['model_config']['model']}: test {metrics['test_bits_per_byte']:.3f} bits "
+            f"{metrics['config']['model']}: test {metrics['test_bits_per_byte']:.3f} bits "
             f"per byte ({metrics['test_scored_bytes']:,} bytes of {documents} "
             f"document{'s' * (documents != 1)}) | {run_line(metrics)}"
         )
+
+    @classmethod
+    def comparison(cls, runs):
+        cells = [
+            f"{model} {m['test_bits_per_byte']:.3f} ({m['params']:,} parameters, "
+            f"{m['train_time_s']:.0f} s training)"
+            for model, m in runs.items()
+        ]
+        return ["test bits per byte: " + ", ".join(cells)]
 
     @classmethod
     def evaluation_report(cls, r):
@@ -357,3 +317,23 @@ class TextTask(AbstractTask):
                 f"{row['mean_relative_residual']:>13.1e}"
             )
         return lines + sweep_note(r)
+
+
+def load_model(run: str | os.PathLike, *, max_steps: int | None = None) -> eqx.Module:
+    """The language model of a text run (its directory, or a checkpoint file: the run's
+    `best.eqx` is its best validated model), its DEQ's step limit raised to `max_steps` if
+    given, for [`generate`][eqattn.text.generate] ([`eqattn.train.load_model`][] gives the
+    configuration and header too).
+
+    **Example:**
+
+    ```python
+    from eqattn import text
+
+    try:
+        text.load_model("no/such/run")
+    except text.RunError as error:
+        assert str(error).startswith("checkpoint not found")
+    ```
+    """
+    return train.load_model(Path(run), TextTask, max_steps).model
