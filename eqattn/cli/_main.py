@@ -5,6 +5,7 @@ calls `eqattn.train` (and `eqattn.text`), prints and sets the exit status; the l
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from .. import train
 from ..train import ConfigError, Interrupted, RunError
@@ -311,6 +313,19 @@ def _task_of(argv: Sequence[str]) -> str:
     return known.task
 
 
+def _unraisable(command: str, hook, unraisable) -> None:
+    """`sys.unraisablehook` of the command: Ctrl-C that lands where Python cannot raise it (a
+    garbage-collection callback, which XLA runs while it compiles) would be printed and lost,
+    and the run go on: the command ends there instead, as interrupted (no file of a run is
+    half-written: each is written whole, or not at all)."""
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+        return hook(unraisable)
+    print(f"eqattn {command}: interrupted", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0 ok, 1 failure, 2 bad usage, 130 interrupted).
     Errors are one line on stderr; `--debug` or `EQATTN_DEBUG=1` raises them with a traceback."""
@@ -323,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C must reach the training loop (which saves a checkpoint) even when this process
         # was started with SIGINT ignored, as background jobs of a shell are.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = functools.partial(_unraisable, args.command, sys.unraisablehook)
     command = {
         "train": _cmd_train,
         "evaluate": _cmd_evaluate,
@@ -366,3 +382,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def run() -> NoReturn:
+    """The `eqattn` command as a process: `main()`, then exit with its status. An interrupted
+    run ends at once, its line printed and flushed (`os._exit`): the interpreter's usual
+    teardown can crash (a segmentation fault) while XLA's threads are still compiling what
+    the interrupt cut short, and nothing is left to clean up by then (the run directory was
+    released on the way out, and every file of a run is written whole or not at all)."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)

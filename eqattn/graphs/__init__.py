@@ -16,7 +16,7 @@ out = graphs.predict(model, g.adjacency, g.source)  # parents, reachability, sol
 
 from ..train import ConfigError as ConfigError, RunError as RunError
 from ._bfs import bfs as bfs, check_graphs as check_graphs, valid_parents as valid_parents
-from ._config import BLOCKS as BLOCKS, GraphConfig as GraphConfig
+from ._config import GraphConfig as GraphConfig
 from ._families import FAMILIES as FAMILIES, Graphs as Graphs, sample as sample
 from ._model import (
     IDENTITY_DIM as IDENTITY_DIM,

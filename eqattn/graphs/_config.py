@@ -7,8 +7,6 @@ import dataclasses
 from ..train import Config, ConfigError, at_least, setting
 from ._families import FAMILIES
 
-BLOCKS = ("propagation", "transformer")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GraphConfig(Config):
@@ -22,7 +20,7 @@ class GraphConfig(Config):
     from eqattn import graphs
 
     config = graphs.GraphConfig(graph_sizes=(8, 12), families=("path", "tree"))
-    assert config.block == "propagation" and config.training_budget == 40
+    assert config.families == ("path", "tree") and config.training_budget == 40
     ```
     """
 
@@ -45,11 +43,6 @@ class GraphConfig(Config):
     lr: float = 1e-2
     weight_decay: float = 0.0
 
-    block: str = setting(
-        "propagation",
-        "the block: norm-preserving propagation, or a transformer block",
-        choices=BLOCKS,
-    )
     graph_sizes: tuple[int, int] = setting((8, 16), "the training graphs' sizes: LOW HIGH nodes")
     families: tuple[str, ...] | None = setting(
         None, "the training graphs' families (None: all)", choices=FAMILIES

@@ -1,9 +1,9 @@
-r"""The graph models: a DEQ whose one block is solved to its fixed point, and an explicit stack of
-untied blocks of the same kind; every node reads only its neighbours (attention masked by the
+r"""The graph models: a DEQ whose one propagation block is solved to its fixed point (an
+[`eqattn.nn.AbstractEquilibriumLayer`][] like the library's other layers), and its explicit twin,
+a stack of untied blocks of the same kind; every node reads only its neighbours (attention masked by the
 adjacency), so both are permutation-equivariant.
 
-The **propagation block** (`block="propagation"`, the default) is attention that preserves
-norms. A node's state $z_i$ attends over its neighbours with scores $\beta\, z_i \cdot R z_j$ and
+The **propagation block** is attention that preserves norms. A node's state $z_i$ attends over its neighbours with scores $\beta\, z_i \cdot R z_j$ and
 values $R z_j$, $R = \exp(S - S^\top)$ orthogonal ($S = AB^\top$ learned), and the result is
 normalized to unit length; the source's state is pinned to a code of its input,
 $c = \mathrm{normalize}(W x_s + b)$. A node no neighbour of which is reached gets a zero value
@@ -14,11 +14,9 @@ after as many steps as the source's eccentricity. Reachability is read from the 
 ($\gamma(\lVert z_i\rVert - \tfrac12)$) and the parent from the same scores, a node's own
 score being a learned constant (the source and the unreached choose themselves).
 
-The **transformer block** (`block="transformer"`) is [`eqattn.nn.DEQBlock`][] (explicit:
-[`eqattn.nn.TransformerBlock`][]) with the node inputs injected and the adjacency (with
-self-loops) as its mask, read out by a layer norm, a linear reachability logit and bilinear
-parent scores: the generic alternative, whose propagation decays with distance (the graphs
-guide measures both)."""
+Only this block is kept: a transformer block masked by the adjacency ([`eqattn.nn.DEQBlock`][])
+learned the training sizes but its fixed point decays with distance (15.3% of the nodes of a
+256-node path; the findings page)."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .. import nn
 from .._attention import attention
-from .._solve import JacobianFree, Picard, fixed_point
+from .._solve import Equilibrium, JacobianFree, Picard
 from ..nn import Prediction
 
 IDENTITY_DIM = 16
@@ -107,8 +105,8 @@ class Propagation(eqx.Module):
 
 
 class PropagationHead(eqx.Module):
-    """The propagation models' ends: the source's code, and the read-out (reachability from a
-    state's norm, parents from the last block's scores)."""
+    """The models' ends: the source's code, and the read-out (reachability from a state's norm,
+    parents from the last block's scores)."""
 
     code: eqx.nn.Linear
     log_gain: Float[Array, ""]
@@ -130,46 +128,18 @@ class PropagationHead(eqx.Module):
         return reach, _parent_scores(block.scores(z), adjacency, self.self_score)
 
 
-class TransformerHead(eqx.Module):
-    """The transformer models' ends: the inputs' embedding, and a layer norm, a linear
-    reachability logit and bilinear parent scores."""
-
-    embed: eqx.nn.Linear
-    norm: eqx.nn.LayerNorm
-    reach: eqx.nn.Linear
-    query: eqx.nn.Linear
-    key_proj: eqx.nn.Linear
-    self_score: Float[Array, ""]
-
-    def __init__(self, width: int, *, key: PRNGKeyArray, dtype=None):
-        ke, kr, kq, kk = jax.random.split(key, 4)
-        self.embed = eqx.nn.Linear(IDENTITY_DIM + 1, width, key=ke, dtype=dtype)
-        self.norm = eqx.nn.LayerNorm(width, dtype=dtype)
-        self.reach = eqx.nn.Linear(width, 1, key=kr, dtype=dtype)
-        self.query = eqx.nn.Linear(width, width, key=kq, dtype=dtype)
-        self.key_proj = eqx.nn.Linear(width, width, key=kk, dtype=dtype)
-        self.self_score = jnp.asarray(0.0, dtype or jnp.result_type(float))
-
-    def __call__(self, z, adjacency, block=None):
-        z = jax.vmap(self.norm)(z)
-        q, k = per_token(self.query, z), per_token(self.key_proj, z)
-        scores = q @ k.T / jnp.sqrt(z.shape[-1])
-        return per_token(self.reach, z)[:, 0], _parent_scores(scores, adjacency, self.self_score)
-
-
 def _parent_scores(scores, adjacency, self_score) -> Float[Array, "n n"]:
     """`scores` over each node's neighbours, its own set to `self_score`, -inf elsewhere."""
     eye = jnp.eye(scores.shape[0], dtype=bool)
     return jnp.where(eye, self_score, jnp.where(adjacency, scores, -jnp.inf))
 
 
-def _unsolved(logits, z) -> Prediction:
-    return Prediction(logits, jnp.array(0), jnp.array(0.0, z.dtype), jnp.array(True), None)
-
-
-class GraphDEQ(eqx.Module):
-    """One weight-tied block solved to its fixed point (module docstring): `model.predict((
-    features, adjacency), budget=...)` gives reachability logits and parent scores.
+class GraphDEQ(nn.AbstractEquilibriumLayer):
+    """One weight-tied propagation block solved to its fixed point (module docstring):
+    `model.predict((features, adjacency), budget=...)` gives reachability logits and parent
+    scores. An equilibrium layer like the library's others: its `solver` (default Picard
+    iteration to `rtol` 1e-4, 4096 steps: a step moves what a node knows one edge), `adjoint`
+    (default Jacobian-free) and `throw`.
 
     **Example:**
 
@@ -178,6 +148,7 @@ class GraphDEQ(eqx.Module):
     from eqattn import graphs
 
     model = graphs.GraphDEQ(16, key=jax.random.key(0))
+    assert isinstance(model, eqattn.nn.AbstractEquilibriumLayer)
     adjacency = jnp.asarray(graphs.sample("path", 6, 1, seed=0).adjacency[0])
     features = jnp.zeros((6, graphs.IDENTITY_DIM + 1)).at[0, -1].set(1.0)  # node 0: source
     p = model.predict((features, adjacency), budget=20)
@@ -186,63 +157,54 @@ class GraphDEQ(eqx.Module):
     ```
     """
 
-    head: PropagationHead | TransformerHead
-    block: Propagation | nn.DEQBlock
+    head: PropagationHead
+    block: Propagation
     solver: Any
     adjoint: Any
+    throw: bool = eqx.field(static=True)
 
     def __init__(
         self,
         width: int,
         *,
         key: PRNGKeyArray,
-        block: str = "propagation",
-        heads: int = 1,
         mlp_ratio: float = 2.0,
         solver=None,
         adjoint=None,
+        throw: bool = False,
         dtype=None,
     ):
         kh, kb = jax.random.split(key)
-        solver = Picard(rtol=1e-4, atol=1e-6, max_steps=4096) if solver is None else solver
-        adjoint = JacobianFree() if adjoint is None else adjoint
-        if block == "propagation":
-            self.head = PropagationHead(width, key=kh, dtype=dtype)
-            self.block = _propagation(width, mlp_ratio, kb, dtype)
-        else:
-            self.head = TransformerHead(width, key=kh, dtype=dtype)
-            self.block = nn.DEQBlock(
-                width, heads, key=kb, mlp_ratio=mlp_ratio, solver=solver, adjoint=adjoint,
-                dtype=dtype,
-            )  # fmt: skip
-        self.solver, self.adjoint = solver, adjoint
+        self.head = PropagationHead(width, key=kh, dtype=dtype)
+        self.block = _propagation(width, mlp_ratio, kb, dtype)
+        default = Picard(rtol=1e-4, atol=1e-6, max_steps=4096)
+        self.solver, self.adjoint = self.solving(solver, adjoint or JacobianFree(), default, dtype)
+        self.throw = throw
+
+    def step(self, z: Float[Array, "n width"], features, adjacency) -> Float[Array, "n width"]:
+        """One propagation step, the source's state pinned to its code: the map solved."""
+        return self.head.pin(self.block(z, adjacency), features)
+
+    def equilibrium(self, x: Inputs, *, z0=None, budget=None) -> Equilibrium:
+        """The nodes' states at the fixed point of `step` (from zeros, or `z0`)."""
+        features, adjacency = x
+        width = self.block.first.shape[0]
+        z0 = jnp.zeros((features.shape[0], width), self.block.first.dtype) if z0 is None else z0
+        return self.solve(GraphDEQ.step, z0, features, adjacency, budget=budget)
+
+    def forward(self, x: Inputs, *, z0=None, budget=None) -> tuple[Any, Equilibrium]:
+        """`((reachability logits [n], parent scores [n, n]), Equilibrium)`."""
+        eq = self.equilibrium(x, z0=z0, budget=budget)
+        return self.head(eq.value, x[1], self.block), eq
 
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
-        features, adjacency = x
-        head, block = self.head, self.block
-        if isinstance(head, TransformerHead) and isinstance(block, nn.DEQBlock):
-            h = per_token(head.embed, features)
-            mask = adjacency | jnp.eye(adjacency.shape[0], dtype=bool)
-            eq = block.equilibrium(h, mask=mask, z0=z0, budget=budget, inference=True)
-            logits = head(eq.value, adjacency)
-        else:
-            assert isinstance(head, PropagationHead) and isinstance(block, Propagation)
-            z0 = jnp.zeros((features.shape[0], block.first.shape[0])) if z0 is None else z0
-            eq = fixed_point(
-                lambda z, m: m[0].pin(m[1](z, adjacency), features),
-                z0.astype(block.first.dtype),
-                (head, block),
-                solver=self.solver,
-                adjoint=self.adjoint,
-                budget=budget,
-            )
-            logits = head(eq.value, adjacency, block)
+        logits, eq = self.forward(x, z0=z0, budget=budget)
         return Prediction(logits, eq.steps, eq.relative_residual, eq.converged, eq.value)
 
 
 class GraphStack(eqx.Module):
-    """The explicit baseline: `depth` untied blocks of the same kind as the DEQ's, applied once
-    each (a node reads at most `depth` edges away).
+    """The explicit twin: `depth` untied propagation blocks, applied once each (a node reads at
+    most `depth` edges away).
 
     **Example:**
 
@@ -258,8 +220,8 @@ class GraphStack(eqx.Module):
     ```
     """
 
-    head: PropagationHead | TransformerHead
-    blocks: tuple
+    head: PropagationHead
+    blocks: tuple[Propagation, ...]
 
     def __init__(
         self,
@@ -267,35 +229,22 @@ class GraphStack(eqx.Module):
         depth: int,
         *,
         key: PRNGKeyArray,
-        block: str = "propagation",
-        heads: int = 1,
         mlp_ratio: float = 2.0,
         dtype=None,
     ):
         kh, kb = jax.random.split(key)
-        keys = jax.random.split(kb, depth)
-        if block == "propagation":
-            self.head = PropagationHead(width, key=kh, dtype=dtype)
-            self.blocks = tuple(_propagation(width, mlp_ratio, k, dtype) for k in keys)
-        else:
-            self.head = TransformerHead(width, key=kh, dtype=dtype)
-            self.blocks = tuple(
-                nn.TransformerBlock(width, heads, key=k, mlp_ratio=mlp_ratio, dtype=dtype)
-                for k in keys
-            )
+        self.head = PropagationHead(width, key=kh, dtype=dtype)
+        self.blocks = tuple(
+            _propagation(width, mlp_ratio, k, dtype) for k in jax.random.split(kb, depth)
+        )
 
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
         features, adjacency = x
-        if isinstance(self.head, TransformerHead):
-            z = per_token(self.head.embed, features)
-            mask = adjacency | jnp.eye(adjacency.shape[0], dtype=bool)
-            for block in self.blocks:
-                z = block(z, mask=mask, inference=True)
-        else:
-            z = jnp.zeros((features.shape[0], self.blocks[0].first.shape[0]), features.dtype)
-            for block in self.blocks:
-                z = self.head.pin(block(z, adjacency), features)
-        return _unsolved(self.head(z, adjacency, self.blocks[-1]), z)
+        z = jnp.zeros((features.shape[0], self.blocks[0].first.shape[0]), features.dtype)
+        for block in self.blocks:
+            z = self.head.pin(block(z, adjacency), features)
+        logits = self.head(z, adjacency, self.blocks[-1])
+        return Prediction(logits, jnp.array(0), jnp.array(0.0, z.dtype), jnp.array(True), None)
 
 
 def _propagation(width: int, ratio: float, key, dtype) -> Propagation:

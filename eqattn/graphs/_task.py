@@ -95,13 +95,16 @@ class GraphTask(AbstractTask):
     def build_model(cls, config, key, *, dtype=None):
         """A [`GraphDEQ`][eqattn.graphs.GraphDEQ], or a [`GraphStack`][eqattn.graphs.GraphStack]
         of `depth` blocks of the explicit `width` and `mlp_ratio`."""
-        common = dict(key=key, block=config.block, heads=config.heads, dtype=dtype)
         if config.model == "deq":
             solver, adjoint = config.deq_solver(), config.deq_adjoint()
             ratio = config.mlp_ratio or 2.0
-            return GraphDEQ(config.dim, mlp_ratio=ratio, solver=solver, adjoint=adjoint, **common)
+            return GraphDEQ(
+                config.dim, key=key, mlp_ratio=ratio, solver=solver, adjoint=adjoint, dtype=dtype
+            )
         config = with_shape(cls.build_model, config)
-        return GraphStack(config.width, config.depth, mlp_ratio=config.mlp_ratio, **common)
+        return GraphStack(
+            config.width, config.depth, key=key, mlp_ratio=config.mlp_ratio, dtype=dtype
+        )
 
     def example_batch(self):
         rng = np.random.default_rng(0)
@@ -129,9 +132,9 @@ class GraphTask(AbstractTask):
 
     def record(self, *, steps, train_time):
         m = self.config
-        shape: dict[str, Any] = {"block": m.block, "dim": m.dim}
+        shape: dict[str, Any] = {"dim": m.dim}
         if m.model == "explicit":
-            shape = {"block": m.block, "depth": m.depth, "width": m.width, "mlp_ratio": m.mlp_ratio}
+            shape = {"depth": m.depth, "width": m.width, "mlp_ratio": m.mlp_ratio}
         return dict(
             model_shape=shape,
             graph_sizes=list(self.config.graph_sizes),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,7 +17,7 @@ from ._config import Config
 from ._evaluation import check_budgets
 from ._run import RunDirectory
 from ._task import AbstractTask
-from ._trainer import Trainer, process_age
+from ._trainer import Trainer, run_clock
 
 
 def train(
@@ -64,7 +63,7 @@ def train(
     assert loaded.config.dim == 16 and loaded.header["epoch"] == 1
     ```
     """
-    clock = (time.perf_counter(), process_age() or 0.0)
+    clock = run_clock()
     with RunDirectory(out_dir, overwrite=overwrite, writer=jax.process_index() == 0) as run:
         if run.moved_to is not None:
             print(f"moved the previous run to {run.moved_to}", file=sys.stderr)
@@ -97,7 +96,7 @@ def resume(
     assert metrics["epochs_done"] == 2 and metrics["config"]["epochs"] == 2
     ```
     """
-    clock = (time.perf_counter(), process_age() or 0.0)
+    clock = run_clock()
     out = Path(out_dir)
     header = resumable(out, epochs)
     config = config_of(out / CHECKPOINT, header, task_type)

@@ -41,6 +41,18 @@ def process_age() -> float | None:
         return None
 
 
+_CLOCKED: list[float] = []
+"""When this process's runs started (`run_clock`)."""
+
+
+def run_clock() -> tuple[float, float]:
+    """`(time.perf_counter(), the seconds before it charged to the run)`: the process's age for
+    its first run (its start-up), nothing for a later one (the earlier runs' time is theirs)."""
+    before = 0.0 if _CLOCKED else process_age() or 0.0
+    _CLOCKED.append(time.perf_counter())
+    return _CLOCKED[-1], before
+
+
 class Trainer:
     """One run of a task: the model, optimizer state, random streams and history; `run` trains
     the epochs left, writing the checkpoint (and the best validated model, where the task has a
@@ -67,7 +79,7 @@ class Trainer:
         task.config = with_shape(task.build_model, task.config)
         self.task, self.config = task, task.config
         self.out, self.ckpt = Path(out), Path(out) / CHECKPOINT
-        self.clock = clock or (time.perf_counter(), process_age() or 0.0)
+        self.clock = clock or run_clock()
         self.eval_s, self.prior = 0.0, dict.fromkeys(_PARTS, 0.0)
         self.metrics: dict[str, Any] = {}
         self.total = task.steps_per_epoch * self.config.epochs

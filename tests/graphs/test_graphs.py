@@ -95,9 +95,7 @@ def test_bad_graphs_are_refused_in_one_line():
 
 MODELS = {
     "deq propagation": lambda k: graphs.GraphDEQ(8, key=k),
-    "deq transformer": lambda k: graphs.GraphDEQ(16, key=k, block="transformer", heads=2),
     "explicit propagation": lambda k: graphs.GraphStack(8, 3, key=k),
-    "explicit transformer": lambda k: graphs.GraphStack(16, 3, key=k, block="transformer", heads=2),
 }
 
 

@@ -162,6 +162,38 @@ def test_a_locked_run_refuses_a_second_and_ctrl_c_keeps_its_checkpoint(tmp_path,
     assert f"test accuracy {100 * metrics['test_accuracy']:.2f}%" in out
 
 
+def test_ctrl_c_while_compiling_exits_130_with_one_line_and_leaves_nothing(tmp_path):
+    """SIGINT a second after the run has locked its directory (while the step compiles): exit
+    status 130, one line, no crash on the way out (the interpreter's teardown used to end in a
+    segmentation fault; Ctrl-C landing in a garbage-collection callback was lost, and the run
+    went on), and no file of the run written."""
+    out = tmp_path / "pair"
+    # XLA's own settings, no compilation cache: compiling runs on XLA's threads, as for users
+    env = {k: v for k, v in _env().items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "eqattn", "train", "--model", "both", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "deq" / ".eqattn.lock").exists() and time.monotonic() < deadline:
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the step's compilation
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate(timeout=30)
+    assert first.returncode == 130, err
+    assert _one_line(err).startswith("eqattn train: interrupted"), err
+    assert not [p.name for p in out.rglob("*") if p.is_file() and p.name != ".eqattn.lock"]
+
+
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "append"])
 def test_damaged_checkpoints_are_refused(reference, tmp_path, capsys, damage):
     data = bytearray((reference / "checkpoint.eqx").read_bytes())
