@@ -119,6 +119,15 @@ def _dynamics(model, sizes: dict[int, int]) -> list[dict]:
     return rows
 
 
+def _evaluate(out: Path, sizes: dict[int, int] | None) -> dict:
+    """`eqattn.train.evaluate` of the run (`sizes`: only these, the rule's budget alone)."""
+    if sizes is None:
+        return train.evaluate(out, graphs.GraphTask, progress=False)
+    model, config, _ = train.load_model(out, graphs.GraphTask)
+    rows = graphs.evaluate_sizes(model, config, None, sizes=sizes, sweep=False)
+    return {"sizes": rows, "by_distance": graphs.distance_table(rows)}
+
+
 def _size_rows(evaluation: dict) -> dict[str, float]:
     return {f"{r['family']}@{r['n']}": r["at_rule"]["accuracy"] for r in evaluation["sizes"]}
 
@@ -131,7 +140,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             out = Path(tmp) / f"{case}-{seed}".replace(" ", "-")
             metrics = _train(model, settings, seed, out, quick)
             t0 = time.perf_counter()
-            evaluation = train.evaluate(out, graphs.GraphTask, progress=False)
+            evaluation = _evaluate(out, sizes if quick else None)
             row = dict(
                 part="run",
                 case=case,

@@ -105,8 +105,8 @@ def _check_text_frontier(payload):
         0 < b < 8 for b in anchors.values()
     )
     frontier = [r for r in rows if r["part"] == "frontier"]
-    assert [r.get("depth") for r in frontier] == [None, 1, 2]
-    assert [r["shape"]["depth"] for r in frontier[1:]] == [1, 2]
+    assert [r.get("depth") for r in frontier] == [None, 1]
+    assert [r["shape"]["depth"] for r in frontier[1:]] == [1]
     # the explicit models are sized to the DEQ's parameters
     assert all(
         abs(r["params"] - frontier[0]["params"]) <= 0.05 * frontier[0]["params"] for r in frontier

@@ -72,7 +72,8 @@ def _cmd_train(a) -> None:
 
     if jax.process_index() == 0 and len(runs) > 1:  # process 0 reports
         print()
-        print("\n".join(TASKS[next(iter(runs.values()))["task"]].comparison(runs)))
+        dirs = {m: Path(metrics["checkpoint"]).parent for m, metrics in runs.items()}
+        print("\n".join(TASKS[next(iter(runs.values()))["task"]].comparison(dirs)))
 
 
 def _train_new(a, task, model: str, out: Path) -> dict[str, dict]:

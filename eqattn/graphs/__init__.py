@@ -12,6 +12,9 @@ model = graphs.load_model("runs/graphs/deq")
 g = graphs.sample("grid", 1024, 2, seed=0)
 out = graphs.predict(model, g.adjacency, g.source)  # parents, reachability, solver steps
 ```
+
+`__all__` is the public API; `evaluate_sizes` and `distance_table` (the evaluation's tables) are
+the task's interface for the benchmarks.
 """
 
 from ..train import ConfigError as ConfigError, RunError as RunError
@@ -30,4 +33,27 @@ from ._predict import (
     features as features,
     predict as predict,
 )
+from ._scores import distance_table as distance_table, evaluate_sizes as evaluate_sizes
 from ._task import GraphTask as GraphTask, load_model as load_model
+
+__all__ = [
+    "FAMILIES",
+    "IDENTITY_DIM",
+    "ConfigError",
+    "GraphConfig",
+    "GraphDEQ",
+    "GraphPrediction",
+    "GraphStack",
+    "GraphTask",
+    "Graphs",
+    "Propagation",
+    "RunError",
+    "bfs",
+    "budget_for",
+    "check_graphs",
+    "features",
+    "load_model",
+    "predict",
+    "sample",
+    "valid_parents",
+]

@@ -26,6 +26,7 @@ from ..train import (
     penalties,
     probed,
     progress_bar,
+    read_metrics,
     run_line,
     sweep_note,
     with_shape,
@@ -285,7 +286,7 @@ class TextTask(AbstractTask):
         cells = [
             f"{model} {m['test_bits_per_byte']:.3f} ({m['params']:,} parameters, "
             f"{m['train_time_s']:.0f} s training)"
-            for model, m in runs.items()
+            for model, m in read_metrics(runs).items()
         ]
         return ["test bits per byte: " + ", ".join(cells)]
 

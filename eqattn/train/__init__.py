@@ -55,7 +55,12 @@ from ._step import (
     penalties as penalties,
     probed as probed,
 )
-from ._task import AbstractTask as AbstractTask, Headline as Headline, run_line as run_line
+from ._task import (
+    AbstractTask as AbstractTask,
+    Headline as Headline,
+    read_metrics as read_metrics,
+    run_line as run_line,
+)
 from ._trainer import Trainer as Trainer
 
 __all__ = [

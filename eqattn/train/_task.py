@@ -4,7 +4,9 @@ evaluation and reports), so that one trainer runs every task and knows none of t
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
@@ -158,14 +160,23 @@ class AbstractTask(abc.ABC):
         """The lines `eqattn evaluate` prints, from `evaluate`'s result."""
 
     @classmethod
-    def comparison(cls, runs: dict[str, dict[str, Any]]) -> list[str]:
-        """The lines that set runs of this task side by side (`runs`: each model's metrics, the
-        DEQ's and its explicit twin's): by default the headline metric and the parameters."""
+    def comparison(cls, runs: dict[str, Path]) -> list[str]:
+        """The lines that set finished runs of this task side by side (`runs`: each model's run
+        directory, the DEQ's and its explicit twin's): by default the headline metric and the
+        parameters, from their metrics.json."""
         metric, fmt = cls.headline.metric, cls.headline.line_format
         cells = [
-            f"{model} {m[metric]:{fmt}} ({m['params']:,} parameters)" for model, m in runs.items()
+            f"{model} {m[metric]:{fmt}} ({m['params']:,} parameters)"
+            for model, m in read_metrics(runs).items()
         ]
         return [f"{metric.replace('_', ' ')}: " + ", ".join(cells)]
+
+
+def read_metrics(runs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Each run's metrics.json."""
+    return {
+        model: json.loads((Path(run) / "metrics.json").read_text()) for model, run in runs.items()
+    }
 
 
 def run_line(metrics: dict[str, Any]) -> str:
