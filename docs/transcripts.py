@@ -121,7 +121,11 @@ def _in_place(found, skips, k, printed) -> str | None:
 
 
 def run(command: str, cwd: Path) -> list[str]:
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    """`command`'s output (stdout and stderr as they came), run as a user runs it: XLA's own
+    settings (`XLA_FLAGS` unset: other compiler settings, such as the tests' quickest ones,
+    round differently, and a trained model's figures move)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
     done = subprocess.run(
         command,
         shell=True,

@@ -17,3 +17,17 @@ def unchecked():
         yield
     finally:
         jaxtyping.config.update("jaxtyping_disable", before)
+
+
+DIGITS = ["--task", "digits", "--model", "deq", "--train-size", "64", "--batch-size", "32"]
+DIGITS += ["--dim", "8", "--heads", "2", "--no-progress"]
+"""`eqattn train`'s tiny digits run (one DEQ, 64 images, width 8): a few seconds."""
+
+
+def run(capsys, *argv):
+    """`eqattn ARGV` in this process: `(exit status, stdout, stderr)`."""
+    from eqattn.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

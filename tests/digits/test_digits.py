@@ -19,27 +19,11 @@ from eqattn import digits  # noqa: E402
 from eqattn.cli import main  # noqa: E402
 from eqattn.digits._task import shift_images  # noqa: E402
 
+from ..checks import DIGITS, run  # noqa: E402
+
 # The command runs in JAX's default float32 for its users (the suite's default is float64).
 pytestmark = pytest.mark.float32
-TINY = [
-    "--task",
-    "digits",
-    "--train-size",
-    "64",
-    "--batch-size",
-    "32",
-    "--dim",
-    "8",
-    "--heads",
-    "2",
-]
-TINY += ["--model", "deq", "--no-progress"]
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+TINY = DIGITS
 
 
 @pytest.fixture(scope="module")

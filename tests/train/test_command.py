@@ -11,26 +11,15 @@ import pytest
 import eqattn
 from eqattn.cli import main
 
+from ..checks import DIGITS, run as _run
+
 pytest.importorskip("sklearn")
 pytestmark = pytest.mark.float32
-TINY = [
-    "--task",
-    "digits",
-    "--train-size",
-    "64",
-    "--batch-size",
-    "32",
-    "--dim",
-    "8",
-    "--heads",
-    "2",
-]
-TINY += ["--model", "deq", "--no-progress"]
+TINY = DIGITS
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
+    code, out, err = _run(capsys, *argv)
     return code, out, err.strip()
 
 

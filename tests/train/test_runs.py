@@ -1,6 +1,7 @@
 """`eqattn train` never loses a run: refusing to replace one, locking, checksummed checkpoints,
 atomic writes, and resuming after SIGKILL to the very model an uninterrupted run ends with."""
 
+import contextlib
 import json
 import os
 import re
@@ -122,23 +123,38 @@ def test_overwrite_moves_the_old_run_aside_and_resume_of_a_finished_run(
     assert code == 1 and "nothing to resume" in line
 
 
+@contextlib.contextmanager
+def _started(argv, env=None):
+    """`eqattn train ARGV` started in the background; killed on the way out if still running."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "eqattn", "train", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or _env(),
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+
+
+def _wait_for(path: Path, process, poll: float = 0.2) -> None:
+    """Until `path` exists (the running `process` must not end first; 120 s at most)."""
+    deadline = time.monotonic() + 120
+    while not path.exists() and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        time.sleep(poll)
+
+
 def test_a_locked_run_refuses_a_second_and_ctrl_c_keeps_its_checkpoint(tmp_path, capsys):
     """A second `eqattn train` into a directory in use exits at once, moving nothing; Ctrl-C
     (SIGINT) then ends the first with its model saved, metrics marked `interrupted` and a
     one-line hint to resume it."""
-    first = subprocess.Popen(
-        [sys.executable, "-m", "eqattn", "train", *TINY[:-2], "--epochs", "10000"]
-        + ["--out", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "checkpoint.eqx").exists() and time.monotonic() < deadline:
-            assert first.poll() is None, first.communicate()
-            time.sleep(0.2)
+    with _started([*TINY[:-2], "--epochs", "10000", "--out", str(tmp_path)]) as first:
+        _wait_for(tmp_path / "checkpoint.eqx", first)
         t0 = time.monotonic()
         second = _train(tmp_path, *TINY, "--overwrite", timeout=60)
         assert second.returncode == 1
@@ -146,10 +162,6 @@ def test_a_locked_run_refuses_a_second_and_ctrl_c_keeps_its_checkpoint(tmp_path,
         assert time.monotonic() - t0 < 30  # it did not wait for the lock
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=60)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate(timeout=30)
     assert not list(tmp_path.glob("replaced-*"))  # the refused run moved nothing
     assert first.returncode == 130, err
     assert "interrupted in epoch" in err and "Traceback" not in err, err
@@ -170,25 +182,11 @@ def test_ctrl_c_while_compiling_exits_130_with_one_line_and_leaves_nothing(tmp_p
     out = tmp_path / "pair"
     # XLA's own settings, no compilation cache: compiling runs on XLA's threads, as for users
     env = {k: v for k, v in _env().items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
-    first = subprocess.Popen(
-        [sys.executable, "-m", "eqattn", "train", "--model", "both", "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "deq" / ".eqattn.lock").exists() and time.monotonic() < deadline:
-            assert first.poll() is None, first.communicate()
-            time.sleep(0.05)
+    with _started(["--model", "both", "--out", str(out)], env) as first:
+        _wait_for(out / "deq" / ".eqattn.lock", first, poll=0.05)
         time.sleep(1.0)  # into the step's compilation
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=60)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate(timeout=30)
     assert first.returncode == 130, err
     assert _one_line(err).startswith("eqattn train: interrupted"), err
     assert not [p.name for p in out.rglob("*") if p.is_file() and p.name != ".eqattn.lock"]
