@@ -3,8 +3,6 @@ with residuals and renormalization, and their dropout."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import equinox as eqx
 import jax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
@@ -29,17 +27,12 @@ class AbstractBlock(eqx.Module):
     $z' = \mathrm{RN}(u + \mathrm{MLP}(\mathrm{RN}(u)))$, with $c$ an input injection (the
     implicit block's) or none (the explicit block's); an implicit block that attends to its
     input reads $\mathrm{MHA}(z + c)$ (pre-norm: $\mathrm{MHA}(\mathrm{RN}(z) + c)$). Dropout
-    (inverted) on the attention output and the MLP's hidden layer.
-
-    Subclasses also have `mlp_in`, `mlp_out` (`eqx.nn.Linear`) and `inference` (bool) fields.
-    They are not declared here: a field declared by a base class comes first in the pytree's
-    leaves, and the blocks keep the leaf order their checkpoints were written in."""
+    (inverted) on the attention output and the MLP's hidden layer."""
 
     attention: eqx.AbstractVar[MultiHeadAttention]
-    if TYPE_CHECKING:  # fields of the subclasses (see above), for the type checker alone
-        mlp_in: eqx.nn.Linear
-        mlp_out: eqx.nn.Linear
-        inference: bool
+    mlp_in: eqx.AbstractVar[eqx.nn.Linear]
+    mlp_out: eqx.AbstractVar[eqx.nn.Linear]
+    inference: eqx.AbstractVar[bool]
     norm: eqx.AbstractVar[str]
     norm_first: eqx.AbstractVar[bool]
     dropout: eqx.AbstractVar[float]

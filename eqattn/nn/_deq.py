@@ -82,10 +82,9 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     """
 
     embedding: TokenEmbedding
+    stem: tuple[TransformerBlock, ...]
     block: DEQBlock
     readout: ReadOut
-    # last, so that a model without a stem has the leaves (and checkpoints) it had before
-    stem: tuple[TransformerBlock, ...] = ()
 
     def __init__(
         self,

@@ -93,8 +93,8 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
     norm: str = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
     dim: int = eqx.field(static=True)
-    attend_input: bool = eqx.field(static=True)  # static: no leaf, checkpoints unchanged
-    # last, so that a block of depth 1 has the leaves (and checkpoints) it had before cells
+    attend_input: bool = eqx.field(static=True)
+    # the map's further blocks, after the first's sublayers (as the map applies them)
     cell: tuple[TransformerBlock, ...] = ()
 
     def __init__(

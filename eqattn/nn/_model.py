@@ -44,9 +44,8 @@ class AbstractTransformer(eqx.Module):
     `apply_blocks`, `predict`, and generation's `prefill` and `extend`.
 
     Subclasses declare `embedding` ([`eqattn.nn.TokenEmbedding`][]) first and `readout`
-    ([`eqattn.nn.ReadOut`][]) last, with their blocks between: the pytree's leaves (and so the
-    checkpoints) then follow the order of the computation. (A field declared here would come
-    first.)"""
+    ([`eqattn.nn.ReadOut`][]) last, with their blocks between: the pytree's leaves then follow
+    the order of the computation. (A field declared here would come first.)"""
 
     embedding: eqx.AbstractVar[TokenEmbedding]
     if TYPE_CHECKING:  # a field of the subclasses, declared last there (see above)

@@ -2,9 +2,6 @@
 multi-head attention against Equinox's, bad input, one convention for outputs and the initial
 weights a seed gives."""
 
-import json
-from pathlib import Path
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -290,26 +287,3 @@ def test_one_convention_for_outputs_with_statistics(getkey):
         image = layer.step(out, x if name == "EnergyAttention" else layer.injection(x))
         residual = np.linalg.norm(np.asarray(image - out))
         np.testing.assert_allclose(eq.residual, residual, rtol=1e-6, atol=1e-13)
-
-
-def test_a_seed_gives_the_initial_weights_it_gave_before_the_models_were_composed():
-    """Results files and transcripts name a seed: the composed models (TokenEmbedding, ReadOut)
-    draw the same initial weights from it as the earlier layout did (sums of every leaf,
-    recorded by that code)."""
-
-    fixture = json.loads(
-        (Path(__file__).parent.parent / "fixtures/initial_weights.json").read_text()
-    )
-    key = jax.random.key(0)
-    models = {
-        "DEQTransformer(10, 16, 2, in_features=8, max_len=8, pooling='cls')": enn.DEQTransformer(
-            10, 16, 2, key=key, in_features=8, max_len=8, pooling="cls"
-        ),
-        "Transformer(10, 16, 2, 3, vocab_size=12, max_len=8)": enn.Transformer(
-            10, 16, 2, 3, key=key, vocab_size=12, max_len=8
-        ),
-    }
-    for name, model in models.items():
-        leaves = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
-        sums = [float(np.asarray(leaf, np.float64).sum()) for leaf in leaves]
-        np.testing.assert_allclose(sums, fixture["sums"][name], rtol=1e-12, atol=1e-12)
