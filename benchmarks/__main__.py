@@ -8,10 +8,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import os
 import sys
+import time
 from pathlib import Path
 
-from ._harness import device_description, git_commit, tree_state, write_results
+from ._xla_flags import use_quickest
+
+if "--quick" in sys.argv:  # before JAX starts: quick runs exercise the code, nothing is timed
+    use_quickest()
+
+from ._harness import device_description, git_commit, tree_state, write_results  # noqa: E402
 
 SUITES = (
     "core",
@@ -46,7 +53,11 @@ def main(argv: list[str] | None = None) -> None:
         metavar="SUITE",
         help=f"suites to run (default: all of {', '.join(SUITES)})",
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes, a few repeats")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, a few repeats, XLA's quickest compile settings: it exercises the code",
+    )
     parser.add_argument(
         "--short", action="store_true", help="the suites that have it (training): fewer cases"
     )
@@ -69,16 +80,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"device: {dev['device_kind']} ({dev['platform']}, {dev['device_count']} device(s))")
     for suite in args.suites or SUITES:
         print(f"\n== {suite} ==")
+        t0 = time.perf_counter()
         module = importlib.import_module(f"benchmarks.{suite}")
         options = {"quick": args.quick}
         if args.short and "short" in inspect.signature(module.run).parameters:
             options["short"] = True
         rows, extra = module.run(**options)
+        if args.quick:  # what the code was compiled with
+            extra = {**extra, "xla_flags": os.environ.get("XLA_FLAGS", "")}
         name = f"{suite}-quick" if args.quick else f"{suite}-short" if "short" in options else suite
         written = write_results(
             args.out, name, rows, extra, allow_dirty=args.allow_dirty, started=started
         )
-        print(f"wrote {written}")
+        print(f"wrote {written} ({suite}: {time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

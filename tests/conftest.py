@@ -1,7 +1,5 @@
 import gc
 import os
-import subprocess
-import sys
 
 # 8 CPU devices for the multi-device tests (before jax is imported; computations not sharded
 # explicitly still run on one device).
@@ -11,37 +9,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 
 
-# The suite is compile-bound. LLVM's optimization level 0 compiles about a quarter faster; one
-# LLVM module per program (no parallel code generation, which on two cores shared by two test
-# workers only adds the work of splitting) about 15% faster again; XLA's older CPU emitters for
-# fusions (instead of the MLIR fusion emitters) about 40% faster again (one test: 22.2 s ->
-# 13.0 s). They change the generated code's speed, not its arithmetic (no fast-math), and
-# nothing here is timed.
-def _accepted(flags: str) -> str:
-    """`flags` less those this jaxlib's XLA does not know: it aborts at start-up on an unknown
-    flag (jaxlib 0.11 has no `--xla_cpu_use_fusion_emitters`). Probed once, in a subprocess; the
-    test workers inherit the answer."""
-    known = os.environ.get("EQATTN_TEST_FAST_COMPILE")
-    if known is not None:
-        return known
+# The suite is compile-bound: XLA's quickest CPU settings (see `benchmarks/_xla_flags.py`).
+from benchmarks._xla_flags import use_quickest  # noqa: E402
 
-    def ok(f):
-        env = {**os.environ, "XLA_FLAGS": f, "JAX_PLATFORMS": "cpu"}
-        probe = [sys.executable, "-c", "import jax; jax.devices('cpu')"]
-        return subprocess.run(probe, env=env, capture_output=True).returncode == 0
-
-    known = flags if ok(flags) else " ".join(f for f in flags.split() if ok(f))
-    os.environ["EQATTN_TEST_FAST_COMPILE"] = known
-    return known
-
-
-FAST_COMPILE = _accepted(
-    "--xla_backend_optimization_level=0 --xla_cpu_parallel_codegen_split_count=1 "
-    "--xla_cpu_use_fusion_emitters=false"
-)
-for _flag in FAST_COMPILE.split():
-    if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
-        os.environ["XLA_FLAGS"] += " " + _flag
+FAST_COMPILE = use_quickest()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
