@@ -3,14 +3,15 @@
 from ._cache import GenerationCache as GenerationCache, Step as Step
 from ._deq import DEQTransformer as DEQTransformer
 from ._deq_block import DEQBlock as DEQBlock
+from ._embedding import TokenEmbedding as TokenEmbedding
 from ._energy import EnergyAttention as EnergyAttention
 from ._generate import extend as extend, prefill as prefill
 from ._hopfield import Hopfield as Hopfield
 from ._hopfield_options import HopfieldOptions as HopfieldOptions
 from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as HopfieldPooling
 from ._implicit import ImplicitAttention as ImplicitAttention
-from ._io import ReadOut as ReadOut, TokenEmbedding as TokenEmbedding
 from ._layer import AbstractEquilibriumLayer as AbstractEquilibriumLayer
 from ._model import AbstractTransformer as AbstractTransformer, Prediction as Prediction
 from ._multihead import KeyValues as KeyValues, MultiHeadAttention as MultiHeadAttention
+from ._readout import ReadOut as ReadOut
 from ._transformer import Transformer as Transformer, TransformerBlock as TransformerBlock

@@ -12,10 +12,10 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 from .._solve import Equilibrium
 from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
 from ._deq_block import DEQBlock
-from ._io import Pooling, ReadOut, TokenEmbedding, token_io
-from ._layer import AbstractSolved
+from ._embedding import TokenEmbedding
 from ._model import AbstractTransformer, Prediction
 from ._multihead import KeyValues
+from ._readout import Pooling, ReadOut, token_io
 from ._transformer import TransformerBlock, run_blocks, stack
 
 _STEM_OPTIONS = (
@@ -45,7 +45,7 @@ def _check_start(z0, h):
         )
 
 
-class DEQTransformer(AbstractTransformer, AbstractSolved):
+class DEQTransformer(AbstractTransformer):
     """Embedding -> position embedding -> one implicit [`eqattn.nn.DEQBlock`][] -> pooling -> head.
 
     **Arguments:**
@@ -182,7 +182,16 @@ class DEQTransformer(AbstractTransformer, AbstractSolved):
     ) -> tuple[Array, Equilibrium]:
         """Logits and the block's `Equilibrium`. `z0` warm-starts the solve (e.g. this example's
         previous fixed point, `eq.value`); `budget` caps it for this call."""
-        return self._run(x, padding_mask, key=key, inference=inference, budget=budget, z0=z0)
+        h, padding_mask = self.embedding(x, padding_mask)
+        mask = None if padding_mask is None else padding_mask[None, :]
+        z, eq = self.apply_blocks(h, mask, key=key, inference=inference, budget=budget, z0=z0)
+        return self.readout(z, padding_mask), eq
+
+    def __call__(self, x, *, padding_mask=None, key=None, inference=None, budget=None, z0=None):
+        """The logits alone: `forward(...)[0]`, with the same arguments."""
+        return self.forward(
+            x, padding_mask=padding_mask, key=key, inference=inference, budget=budget, z0=z0
+        )[0]
 
     def trajectory(
         self,

@@ -22,8 +22,9 @@ from .._solve import (
 
 class AbstractSolved(eqx.Module):
     """A module that solves for an equilibrium: `forward(...)` returns `(output, equilibrium)`
-    and a call returns the output alone. The equilibrium layers, `DEQTransformer`,
-    `HopfieldPooling` and `HopfieldLayer` are such modules; they define `forward` only."""
+    and a call returns the output alone. The equilibrium layers, `HopfieldPooling` and
+    `HopfieldLayer` are such modules; they define `forward` only (`DEQTransformer` follows the
+    same convention with its own `__call__`, as the transformer models compose their ends)."""
 
     @abc.abstractmethod
     def forward(self, *args, **kwargs) -> tuple[Any, Equilibrium]:

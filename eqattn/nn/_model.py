@@ -11,7 +11,8 @@ import jax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from ._cache import GenerationCache, Step
-from ._io import ReadOut, TokenEmbedding
+from ._embedding import TokenEmbedding
+from ._readout import ReadOut
 
 
 class Prediction(NamedTuple):
@@ -108,13 +109,6 @@ class AbstractTransformer(eqx.Module):
             )
         if not isinstance(self.embedding.embed, eqx.nn.Embedding):
             raise ValueError("generation needs integer tokens (a model built with `vocab_size`).")
-
-    def _run(self, x, padding_mask, **kwargs) -> tuple[Array, Any]:
-        """The logits and `apply_blocks`' statistics."""
-        h, padding_mask = self.embedding(x, padding_mask)
-        mask = None if padding_mask is None else padding_mask[None, :]
-        z, stats = self.apply_blocks(h, mask, **kwargs)
-        return self.readout(z, padding_mask), stats
 
     def _next(self, token, cache: GenerationCache):
         """The embedded new token at the cache's position."""

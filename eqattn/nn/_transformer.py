@@ -19,10 +19,11 @@ from .._attention import Implementation
 from ._block import AbstractBlock
 from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
 from ._checks import check_dims, check_dropout
-from ._io import Pooling, ReadOut, TokenEmbedding, token_io
+from ._embedding import TokenEmbedding
 from ._model import AbstractTransformer, Prediction
 from ._multihead import KeyValues, MultiHeadAttention
 from ._norm import Norm, check_norm
+from ._readout import Pooling, ReadOut, token_io
 
 
 class TransformerBlock(AbstractBlock):
@@ -216,4 +217,7 @@ class Transformer(AbstractTransformer):
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
     ) -> Array:
-        return self._run(x, padding_mask, key=key, inference=inference)[0]
+        h, padding_mask = self.embedding(x, padding_mask)
+        mask = None if padding_mask is None else padding_mask[None, :]
+        z, _ = self.apply_blocks(h, mask, key=key, inference=inference)
+        return self.readout(z, padding_mask)
