@@ -28,7 +28,6 @@ class GraphConfig(Config):
     # iteration (a step moves what a node knows one edge) with the Jacobian-free gradient, 40
     # solver steps while training (2 x 16 + 8: the rule for the largest training graphs).
     dim: int = 16
-    heads: int = 1
     # The explicit model: 16 untied blocks, as many as the training graphs' longest distance
     # (15) needs, so that it can solve its training distribution (at 4 it reaches 4 hops: 69%
     # in distribution); its width is then 7 for equal parameters.

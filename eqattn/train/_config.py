@@ -101,9 +101,9 @@ class Config:
     config = graphs.GraphConfig(dim=16, epochs=2)
     assert isinstance(config, train.Config) and config.training_budget == 40
     try:
-        graphs.GraphConfig(dim=30, heads=4)
-    except train.ConfigError as error:  # a ValueError naming the parameters
-        assert str(error) == "`dim` (30) must be divisible by `heads` (4)"
+        graphs.GraphConfig(max_steps=1)
+    except train.ConfigError as error:  # a ValueError naming the parameter
+        assert str(error).startswith("`max_steps` must be >= 2")
     ```
     """
 
@@ -111,7 +111,6 @@ class Config:
         "deq", "the weight-tied DEQ, or its explicit twin of equal parameters", choices=MODELS
     )
     dim: int = setting(help="the DEQ's width")
-    heads: int = setting(help="attention heads")
     depth: int = setting(help="explicit: blocks (its width matches the DEQ's parameters)")
     width: int | None = setting(None, "explicit: its width (None: matched to the DEQ's parameters)")
     mlp_ratio: float | None = setting(None, "explicit: its MLP ratio (None: matched with `width`)")
@@ -140,7 +139,7 @@ class Config:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             check_choice(self, f.name)
-        at_least(self, ("dim", "heads", "depth", "phantom_steps", "backward_steps"), 1)
+        at_least(self, ("dim", "depth", "phantom_steps", "backward_steps"), 1)
         at_least(self, ("epochs", "batch_size"), 1)
         for name in ("max_steps", "train_steps"):
             if getattr(self, name) < 2:
@@ -149,16 +148,20 @@ class Config:
                     f"only and returns the start); got {getattr(self, name)}"
                 )
         in_range(self, "phantom_damping", 0.0, 1.0, closed="(]")
-        if self.dim % self.heads:
-            raise ConfigError(f"`dim` ({self.dim}) must be divisible by `heads` ({self.heads})")
-        if self.width is not None and (self.width < 1 or self.width % self.heads):
+        if self.width is not None and (self.width < 1 or self.width % self.width_step):
             raise ConfigError(
-                f"`width` must be a positive multiple of `heads` ({self.heads}); got {self.width}"
+                f"`width` must be a positive multiple of {self.width_step}; got {self.width}"
             )
         if self.mlp_ratio is not None:
             non_negative(self, ("mlp_ratio",), positive=True)
         non_negative(self, ("rtol", "lr"), positive=True)
         non_negative(self, ("weight_decay", "clip"))
+
+    @property
+    def width_step(self) -> int:
+        """What a model's width must be a multiple of (the explicit twin's width is searched in
+        these steps): 1 here, the attention heads of a transformer."""
+        return 1
 
     @property
     def training_budget(self) -> int:
@@ -220,6 +223,7 @@ class TransformerConfig(Config):
     ```
     """
 
+    heads: int = setting(help="attention heads")
     cell_depth: int = setting(1, "DEQ: blocks of the map, iterated together to the fixed point")
     stem_depth: int = setting(
         0, "DEQ: explicit blocks between the embedding and the implicit block"
@@ -234,12 +238,19 @@ class TransformerConfig(Config):
     jacobian_share: float = setting(help="DEQ: the share of a batch whose fixed points it probes")
 
     def __post_init__(self):
+        at_least(self, ("heads",), 1)
+        if self.dim % self.heads:
+            raise ConfigError(f"`dim` ({self.dim}) must be divisible by `heads` ({self.heads})")
         super().__post_init__()
         at_least(self, ("cell_depth",), 1)
         at_least(self, ("stem_depth",), 0)
         in_range(self, "dropout", 0.0, 1.0, closed="[)")
         non_negative(self, ("jacobian_weight",))
         in_range(self, "jacobian_share", 0.0, 1.0, closed="(]")
+
+    @property
+    def width_step(self) -> int:
+        return self.heads
 
     def transformer(self, num_outputs: int, key, *, dtype=None, **io) -> eqx.Module:
         """The DEQ transformer, or the explicit one of `depth` blocks of `width` and `mlp_ratio`

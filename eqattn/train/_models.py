@@ -42,7 +42,8 @@ def with_shape(build: Build, config: Config) -> Config:
 
 @functools.lru_cache(maxsize=64)
 def matched_shape(build: Build, config: Config) -> tuple[int, float]:
-    """`depth` blocks with about the DEQ model's parameters. The width (a multiple of `heads`, at
+    """`depth` blocks with about the DEQ model's parameters. The width (a multiple of the
+    configuration's `width_step`, the heads of a transformer, at
     most `dim`) closest at MLP ratio 2; if that is more than 5% off, the closest pair with the
     MLP ratio in 1 to 4 by quarters, and if still more than 5% off, with the width up to
     `2 * dim` and the ratio in 0.25 to 8 (else a `ConfigError` naming both counts)."""
@@ -54,13 +55,15 @@ def matched_shape(build: Build, config: Config) -> tuple[int, float]:
         )
     )
     off = lambda wr: abs(count(*wr) - target)  # noqa: E731
-    width = min(range(config.heads, config.dim + 1, config.heads), key=lambda w: off((w, 2.0)))
+    width = min(
+        range(config.width_step, config.dim + 1, config.width_step), key=lambda w: off((w, 2.0))
+    )
     if off((width, 2.0)) <= 0.05 * target:
         return width, 2.0
-    best = _closest(count, target, config.heads, config.dim, (1.0, 4.0))
+    best = _closest(count, target, config.width_step, config.dim, (1.0, 4.0))
     if off(best) <= 0.05 * target:
         return best
-    best = _closest(count, target, config.heads, 2 * config.dim, (0.25, 8.0))
+    best = _closest(count, target, config.width_step, 2 * config.dim, (0.25, 8.0))
     if off(best) > 0.05 * target:
         raise ConfigError(
             f"no explicit model of `depth` {config.depth} comes within 5% of the DEQ's "
@@ -70,12 +73,12 @@ def matched_shape(build: Build, config: Config) -> tuple[int, float]:
     return best
 
 
-def _closest(count, target: int, heads: int, max_width: int, ratios) -> tuple[int, float]:
-    """The `(width, ratio)` whose `count` is closest to `target`: widths multiples of `heads` up
+def _closest(count, target: int, step: int, max_width: int, ratios) -> tuple[int, float]:
+    """The `(width, ratio)` whose `count` is closest to `target`: widths multiples of `step` up
     to `max_width`, ratios by quarters within `ratios`. The count is affine in the ratio, so two
     counts per width give its best ratio."""
     pairs = []
-    for w in range(heads, max_width + 1, heads):
+    for w in range(step, max_width + 1, step):
         one, two = count(w, 1.0), count(w, 2.0)
         ratio = 1.0 + (target - one) / (two - one) if two != one else 2.0
         pairs.append((w, min(max(round(4 * ratio) / 4, ratios[0]), ratios[1])))

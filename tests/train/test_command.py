@@ -80,12 +80,14 @@ def test_each_task_takes_its_own_options(capsys, tmp_path):
 
 def test_library_errors_name_parameters_the_command_names_options(capsys, tmp_path):
     """The library's error names the Python parameter; the command's, the option that sets it."""
-    from eqattn import graphs
+    from eqattn import digits, graphs
 
-    with pytest.raises(graphs.ConfigError, match=r"^`dim` \(30\) must be divisible by `heads`"):
-        graphs.GraphConfig(dim=30, heads=4)
-    code, _, err = run(capsys, "train", "--dim", "30", "--heads", "4", "--out", str(tmp_path))
-    _usage_error(code, err, "--dim (30) must be divisible by --heads (4)")
+    with pytest.raises(digits.ConfigError, match=r"^`dim` \(30\) must be divisible by `heads`"):
+        digits.DigitsConfig(dim=30, heads=4)
+    argv = ["train", "--task", "digits", "--dim", "30", "--heads", "4", "--out", str(tmp_path)]
+    _usage_error(*run(capsys, *argv)[::2], "--dim (30) must be divisible by --heads (4)")
+    with pytest.raises(TypeError, match="heads"):  # the graph task has no attention heads
+        graphs.GraphConfig(heads=4)
     with pytest.raises(graphs.ConfigError, match=r"`graph_sizes` must be two sizes"):
         graphs.GraphConfig(graph_sizes=(8, 4))
     code, _, err = run(capsys, "train", "--graph-sizes", "8", "4", "--out", str(tmp_path))
