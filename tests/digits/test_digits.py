@@ -90,6 +90,9 @@ def test_explicit_baseline_matches_parameters(trained, capsys, tmp_path):
     assert (metrics["config"]["width"], metrics["config"]["mlp_ratio"]) == (4, 3.25)
     code, out, _ = run(capsys, "evaluate", "--checkpoint", str(tmp_path / "checkpoint.eqx"))
     assert code == 0 and "explicit model" in out and "max steps" not in out
+    # an explicit model has no solver budget to sweep: refused, not silently ignored
+    code, _, err = run(capsys, "evaluate", "--checkpoint", str(tmp_path), "--steps", "4")
+    assert code == 2 and "--steps are a DEQ's" in err and "explicit model" in err, err
 
 
 @pytest.mark.parametrize("dim, heads", [(64, 4), (32, 4), (16, 2), (8, 2)])
