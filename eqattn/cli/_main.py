@@ -170,6 +170,12 @@ def _progress(a) -> str | None:
 def _checkpoint(a) -> tuple[str, type[train.AbstractTask]]:
     """The checkpoint `--checkpoint` and `--best` name, and its task."""
     path = Path(a.checkpoint)
+    pair = [m for m in PAIR if (path / m / train.CHECKPOINT).is_file()]
+    if path.is_dir() and not (path / train.CHECKPOINT).is_file() and pair:
+        raise RunError(
+            f"{str(path)!r} holds the runs {', '.join(pair)}: name one of them "
+            f"(`checkpoint` {str(path / pair[0])!r})"
+        )
     if a.best:
         if not path.is_dir():
             raise ConfigError("`best` takes a run's directory as `checkpoint` (its best.eqx)")

@@ -78,6 +78,26 @@ def test_each_task_takes_its_own_options(capsys, tmp_path):
     assert " ".join(capsys.readouterr().out.split()) == helps["graphs"]
 
 
+def test_a_pairs_folder_is_not_a_checkpoint(capsys, tmp_path):
+    """`eqattn train` writes the DEQ's and the twin's runs into one folder: evaluating the folder
+    names the runs in it."""
+    for model in ("deq", "explicit"):
+        assert (
+            main(
+                ["train", *TINY, "--model", model, "--epochs", "1", "--out", str(tmp_path / model)]
+            )
+            == 0
+        )
+    capsys.readouterr()
+    code = main(["evaluate", "--checkpoint", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert (
+        code == 1
+        and f"holds the runs deq, explicit: name one of them (--checkpoint '{tmp_path / 'deq'}')"
+        in err
+    ), err
+
+
 def test_library_errors_name_parameters_the_command_names_options(capsys, tmp_path):
     """The library's error names the Python parameter; the command's, the option that sets it."""
     from eqattn import digits, graphs
