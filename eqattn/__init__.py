@@ -8,6 +8,8 @@ from ._attention import (
     attention as attention,
     attention_weights as attention_weights,
     attention_with_lse as attention_with_lse,
+    graph_attention as graph_attention,
+    graph_attention_with_lse as graph_attention_with_lse,
     log_normalizer as log_normalizer,
     merge_heads as merge_heads,
     select_implementation as select_implementation,

@@ -26,6 +26,10 @@ from ._checks import (
     check_chunk_size as check_chunk_size,
     check_implementation as check_implementation,
 )
+from ._graph import (
+    graph_attention as graph_attention,
+    graph_attention_with_lse as graph_attention_with_lse,
+)
 from ._measured_tables import TABLES as TABLES
 from ._operators import (
     attention as attention,
