@@ -53,8 +53,8 @@ def _scores(q, k, r, beta, bias, n, dtype):
     """Each edge's score, `-inf` for a padding edge, and its receiver clipped into range."""
     valid = (r >= 0) & (r < n)
     rc = jnp.clip(r, 0, max(n - 1, 0))
-    s = beta.astype(dtype) * jnp.sum(q[rc].astype(dtype) * k.astype(dtype), axis=-1)
-    s = s + bias.astype(dtype)
+    s = jnp.asarray(beta, dtype) * jnp.sum(q[rc].astype(dtype) * k.astype(dtype), axis=-1)
+    s = s + jnp.asarray(bias, dtype)
     return jnp.where(valid, s, -jnp.inf), rc, valid
 
 
@@ -102,7 +102,7 @@ def _core_bwd(residuals, cotangents):
     g_lse = jnp.where(finite, g_lse.astype(dtype), 0.0)
     ds = p * (jnp.sum(g * v.astype(dtype), axis=-1) - delta[rc] + g_lse[rc])  # [E]
     qe, ke = q[rc].astype(dtype), k.astype(dtype)
-    b = beta.astype(dtype)
+    b = jnp.asarray(beta, dtype)
     dq = jax.ops.segment_sum((b * ds)[:, None] * ke, rc, num_segments=n)
     dk = (b * ds)[:, None] * qe
     dv = p[:, None] * g
@@ -113,8 +113,8 @@ def _core_bwd(residuals, cotangents):
         dk.astype(k.dtype),
         dv.astype(v.dtype),
         zero_r,
-        dbeta.astype(beta.dtype),
-        ds.astype(bias.dtype),
+        dbeta.astype(jnp.asarray(beta).dtype),
+        ds.astype(jnp.asarray(bias).dtype),
     )
 
 

@@ -34,6 +34,7 @@ from ._predict import (
     predict as predict,
 )
 from ._scores import distance_table as distance_table, evaluate_sizes as evaluate_sizes
+from ._shortest import soft_shortest_paths as soft_shortest_paths
 from ._task import GraphTask as GraphTask, load_model as load_model
 
 __all__ = [
@@ -55,5 +56,6 @@ __all__ = [
     "load_model",
     "predict",
     "sample",
+    "soft_shortest_paths",
     "valid_parents",
 ]
