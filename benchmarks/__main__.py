@@ -34,6 +34,7 @@ SUITES = (
     "text",
     "text_frontier",
     "graphs",
+    "graphs_engine",
 )
 
 

@@ -276,6 +276,21 @@ def _text_frontier(fig, rows):
     )
 
 
+def _graphs_engine(fig, rows):
+    axes = fig.subplots(1, 2)
+    part = [r for r in rows if r["part"] == "attention" and r["mode"] == "forward+backward"]
+    series = _series(part, lambda r: f"{r['impl']} ({r['graph']})", "n", "ms")
+    _lines(axes[0], series, "nodes", "time (ms)", "attention over edges, forward+backward")
+    shortest = [r for r in rows if r["part"] == "shortest"]
+    _lines(
+        axes[1],
+        _series(shortest, lambda r: r["case"], "n", "ms"),
+        "nodes (Delaunay)",
+        "time (ms)",
+        "soft shortest paths against Dijkstra",
+    )
+
+
 PLOTS = {
     "core": _core,
     "causal": _causal,
@@ -290,6 +305,7 @@ PLOTS = {
     "text": _text,
     "text_frontier": _text_frontier,
     "graphs": _graphs,
+    "graphs_engine": _graphs_engine,
 }
 
 

@@ -139,8 +139,25 @@ def _check_graphs(payload):
     assert table(payload).startswith("| family @ nodes |")
 
 
+def _check_graphs_engine(payload):
+    """graph_attention's compiled forward+backward holds at most 1.5x its inputs; the dense
+    baseline and eqattn's rows are there; the soft distances are within 1e-3 of Dijkstra's."""
+    rows = payload["rows"]
+    memory = [r for r in rows if r["part"] == "memory"]
+    assert memory and all(r["of_inputs"] <= 1.5 for r in memory)
+    impls = {(r["impl"], r["mode"]) for r in rows if r["part"] == "attention"}
+    assert {("eqattn", "forward"), ("dense", "forward+backward")} <= impls
+    shortest = [r for r in rows if r["part"] == "shortest"]
+    assert {r["case"] for r in shortest} == {"forward", "gradient", "scipy dijkstra"}
+    assert all(r["relative_error"] <= 1e-3 and r["picard_steps"] for r in shortest)
+    from benchmarks.graphs_engine import table
+
+    assert table(payload).startswith("| graph | n | edges | graph_attention fwd+bwd")
+
+
 CHECKS = {
     "graphs": _check_graphs,
+    "graphs_engine": _check_graphs_engine,
     "core": _check_core,
     "causal": _check_causal,
     "kernel": _check_kernel,

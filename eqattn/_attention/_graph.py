@@ -49,72 +49,75 @@ def _check(queries, keys, values, receivers, beta, bias):
     return q, k, v, r, b, bias
 
 
-def _scores(q, k, r, beta, bias, n, dtype):
-    """Each edge's score, `-inf` for a padding edge, and its receiver clipped into range."""
-    valid = (r >= 0) & (r < n)
-    rc = jnp.clip(r, 0, max(n - 1, 0))
-    s = jnp.asarray(beta, dtype) * jnp.sum(q[rc].astype(dtype) * k.astype(dtype), axis=-1)
-    s = s + jnp.asarray(bias, dtype)
-    return jnp.where(valid, s, -jnp.inf), rc, valid
+def _dots(q, k, r, dtype):
+    """Each edge's `q_receiver . k_edge` (a padding edge's receiver is clamped into range: what
+    it computes is dropped by the segment sums, which drop an index out of range)."""
+    return jnp.sum(q[r].astype(dtype) * k.astype(dtype), axis=-1)
 
 
-def _normalizer(s, rc, valid, n):
-    """Each node's log-normalizer (`-inf` with no edge) and each edge's weight."""
-    top = jax.ops.segment_max(jnp.where(valid, s, -jnp.inf), rc, num_segments=n)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    p = jnp.where(valid, jnp.exp(s - top[rc]), 0.0)
-    total = jax.ops.segment_sum(p, rc, num_segments=n)
-    some = total > 0
-    lse = jnp.where(some, top + jnp.log(jnp.where(some, total, 1.0)), -jnp.inf)
-    return lse, p / jnp.where(some, total, 1.0)[rc], some
+def _logits(dots, beta, bias, dtype):
+    """`beta * dots + bias` (no bias: none added)."""
+    s = jnp.asarray(beta, dtype) * dots
+    return s if bias is None else s + jnp.asarray(bias, dtype)
 
 
 def _forward(q, k, v, r, beta, bias):
+    """`(out, lse, dots)`: one gather, one segment max and two segment sums over the edges."""
     n, dtype = q.shape[0], compute_dtype(q.dtype, k.dtype, v.dtype)
-    s, rc, valid = _scores(q, k, r, beta, bias, n, dtype)
-    lse, weights, _ = _normalizer(s, rc, valid, n)
-    out = jax.ops.segment_sum(weights[:, None] * v.astype(dtype), rc, num_segments=n)
-    return out.astype(v.dtype), lse
+    dots = _dots(q, k, r, dtype)
+    s = _logits(dots, beta, bias, dtype)
+    top = jax.ops.segment_max(s, r, num_segments=n)  # -inf for a node with no edge
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    p = jnp.exp(s - top[r])
+    total = jax.ops.segment_sum(p, r, num_segments=n)
+    acc = jax.ops.segment_sum(p[:, None] * v.astype(dtype), r, num_segments=n)
+    some = total > 0
+    safe = jnp.where(some, total, 1.0)
+    out = jnp.where(some[:, None], acc / safe[:, None], 0.0)
+    lse = jnp.where(some, top + jnp.log(safe), -jnp.inf)
+    return out.astype(v.dtype), lse, dots
 
 
 @jax.custom_vjp
 def _core(q, k, v, r, beta, bias):
-    return _forward(q, k, v, r, beta, bias)
+    return _forward(q, k, v, r, beta, bias)[:2]
 
 
 def _core_fwd(q, k, v, r, beta, bias):
-    out, lse = _forward(q, k, v, r, beta, bias)
-    return (out, lse), (q, k, v, r, beta, bias, out, lse)
+    out, lse, dots = _forward(q, k, v, r, beta, bias)
+    return (out, lse), (q, k, v, r, beta, bias, out, lse, dots)
 
 
 def _core_bwd(residuals, cotangents):
     r"""With $p_e$ the edge's weight: $\partial s_e = p_e (g_{r_e} \cdot v_e - g_{r_e} \cdot
     \mathrm{out}_{r_e} + \bar\ell_{r_e})$, then $dq$, $dk$, $d\beta$, $db$ from $s_e$ and
-    $dv_e = p_e g_{r_e}$: the weights recomputed from `lse`, nothing of size $n^2$."""
-    q, k, v, r, beta, bias, out, lse = residuals
+    $dv_e = p_e g_{r_e}$: the weights recomputed from `lse` and the saved dot products, nothing
+    of size $n^2$; a padding edge's, and a node's without edges, are zero."""
+    q, k, v, r, beta, bias, out, lse, dots = residuals
     g_out, g_lse = cotangents
     n, dtype = q.shape[0], compute_dtype(q.dtype, k.dtype, v.dtype)
-    s, rc, valid = _scores(q, k, r, beta, bias, n, dtype)
+    valid = (r >= 0) & (r < n)
+    rc = jnp.clip(r, 0, max(n - 1, 0))
+    b = jnp.asarray(beta, dtype)
+    s = _logits(dots, beta, bias, dtype)
     finite = jnp.isfinite(lse)
     p = jnp.where(valid & finite[rc], jnp.exp(s - jnp.where(finite, lse, 0.0)[rc]), 0.0)
     g = g_out.astype(dtype)[rc]  # [E, dv]: each edge's receiver's output cotangent
     delta = jnp.sum(g_out.astype(dtype) * out.astype(dtype), axis=-1)  # [n]
     g_lse = jnp.where(finite, g_lse.astype(dtype), 0.0)
     ds = p * (jnp.sum(g * v.astype(dtype), axis=-1) - delta[rc] + g_lse[rc])  # [E]
-    qe, ke = q[rc].astype(dtype), k.astype(dtype)
-    b = jnp.asarray(beta, dtype)
-    dq = jax.ops.segment_sum((b * ds)[:, None] * ke, rc, num_segments=n)
-    dk = (b * ds)[:, None] * qe
+    scaled = (b * ds)[:, None]
+    dq = jax.ops.segment_sum(scaled * k.astype(dtype), rc, num_segments=n)
+    dk = scaled * q[rc].astype(dtype)
     dv = p[:, None] * g
-    dbeta = jnp.sum(ds * jnp.sum(qe * ke, axis=-1))
     zero_r = np.zeros(r.shape, jax.dtypes.float0)
     return (
         dq.astype(q.dtype),
         dk.astype(k.dtype),
         dv.astype(v.dtype),
         zero_r,
-        dbeta.astype(jnp.asarray(beta).dtype),
-        ds.astype(jnp.asarray(bias).dtype),
+        jnp.sum(ds * dots).astype(jnp.asarray(beta).dtype),
+        None if bias is None else ds.astype(jnp.asarray(bias).dtype),
     )
 
 
@@ -169,9 +172,7 @@ def graph_attention_with_lse(
     ```
     """
     q, k, v, r, b, bias = _check(queries, keys, values, receivers, beta, bias)
-    dtype = compute_dtype(q.dtype, k.dtype)
-    bias = jnp.zeros(r.shape, dtype) if bias is None else bias
-    b = b if jnp.issubdtype(b.dtype, jnp.floating) else b.astype(dtype)
+    b = b if jnp.issubdtype(b.dtype, jnp.floating) else b.astype(compute_dtype(q.dtype, k.dtype))
     return _core(q, k, v, r, b, bias)
 
 

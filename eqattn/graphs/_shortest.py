@@ -51,15 +51,20 @@ def _check(senders, receivers, weights, source, num_nodes):
             f"`senders`, `receivers` and `weights` must have one entry per edge; got "
             f"{s.shape[0]}, {r.shape[0]} and {w.shape[0]}"
         )
+    # values are checked in numpy where they are concrete (a traced one, under `jit`, is not)
     for name, a in (("senders", s), ("receivers", r)):
-        if _is_concrete(a) and a.size and (int(a.min()) < 0 or int(a.max()) >= num_nodes):
+        values = np.asarray(a) if _is_concrete(a) else np.zeros(0)
+        if values.size and (values.min() < 0 or values.max() >= num_nodes):
             raise ConfigError(f"`{name}` must be node indices in 0 .. {num_nodes - 1}")
-    if _is_concrete(w) and w.size and not bool(jnp.all(jnp.isfinite(w) & (w >= 0))):
+    values = np.asarray(w) if _is_concrete(w) else np.zeros(0)
+    if values.size and not np.all(np.isfinite(values) & (values >= 0)):
         raise ConfigError(
             "`weights` must be finite and >= 0 (a shortest path needs no negative cycle)"
         )
-    if _is_concrete(source) and not 0 <= int(source) < num_nodes:
-        raise ConfigError(f"`source` must be a node in 0 .. {num_nodes - 1}; got {int(source)}")
+    if _is_concrete(source) and not 0 <= int(np.asarray(source)) < num_nodes:
+        raise ConfigError(
+            f"`source` must be a node in 0 .. {num_nodes - 1}; got {int(np.asarray(source))}"
+        )
     return s, r, w, jnp.asarray(source, jnp.int32)
 
 
@@ -129,8 +134,8 @@ def soft_shortest_paths(
     s, r, w, src = _check(senders, receivers, weights, source, num_nodes)
     dtype = jnp.result_type(w.dtype, jnp.float32)
     beta = jnp.asarray(beta, dtype)
-    if _is_concrete(beta) and not bool(beta > 0):
-        raise ConfigError(f"`beta` must be > 0; got {float(beta)}")
+    if _is_concrete(beta) and not np.asarray(beta) > 0:
+        raise ConfigError(f"`beta` must be > 0; got {float(np.asarray(beta))}")
     reach = reachable(s, r, src, num_nodes)
     # edges from nodes no walk reaches add nothing (their senders' distance is +inf): padding
     edge_r = jnp.where(reach[s], r, -1)
