@@ -67,7 +67,8 @@ class External:
 def time_interleaved(
     cases: dict[str, tuple], repeats: int = 10, errors: dict | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Time several `name: (fn, *args)` cases round-robin: each round calls every case once.
+    """Time several `name: (fn, *args)` cases round-robin: each round calls every case once,
+    in the opposite order to the round before.
 
     Ratios between cases then compare runs made at the same moments, so slow drifts of the
     machine (frequency, neighbours) do not bias them. Returns `time_jitted`'s dict per case
@@ -92,8 +93,11 @@ def time_interleaved(
                 raise
             errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
     times = {name: [] for name in compiled}
-    for _ in range(repeats):
-        for name, (c, _, _, args) in compiled.items():
+    order = list(compiled.items())
+    for i in range(repeats):
+        # alternate the order: a case that follows a large one (whose buffers were just freed)
+        # is not always the same one
+        for name, (c, _, _, args) in order if i % 2 == 0 else order[::-1]:
             times[name].append(_once(c, args))
     return {
         name: {

@@ -62,7 +62,9 @@ def _logits(dots, beta, bias, dtype):
 
 
 def _forward(q, k, v, r, beta, bias):
-    """`(out, lse, dots)`: one gather, one segment max and two segment sums over the edges."""
+    """`(out, lse, (dots, weights))`: one gather, one segment max and two segment sums over the
+    edges; the backward reuses the dot products and the edges' softmax `weights [E]` (0 on a
+    padding edge)."""
     n, dtype = q.shape[0], compute_dtype(q.dtype, k.dtype, v.dtype)
     dots = _dots(q, k, r, dtype)
     s = _logits(dots, beta, bias, dtype)
@@ -75,7 +77,9 @@ def _forward(q, k, v, r, beta, bias):
     safe = jnp.where(some, total, 1.0)
     out = jnp.where(some[:, None], acc / safe[:, None], 0.0)
     lse = jnp.where(some, top + jnp.log(safe), -jnp.inf)
-    return out.astype(v.dtype), lse, dots
+    valid = (r >= 0) & (r < n)
+    weights = jnp.where(valid, p / safe[r], 0.0)
+    return out.astype(v.dtype), lse, (dots, weights)
 
 
 @jax.custom_vjp
@@ -84,24 +88,21 @@ def _core(q, k, v, r, beta, bias):
 
 
 def _core_fwd(q, k, v, r, beta, bias):
-    out, lse, dots = _forward(q, k, v, r, beta, bias)
-    return (out, lse), (q, k, v, r, beta, bias, out, lse, dots)
+    out, lse, (dots, weights) = _forward(q, k, v, r, beta, bias)
+    return (out, lse), (q, k, v, r, beta, bias, out, lse, dots, weights)
 
 
 def _core_bwd(residuals, cotangents):
     r"""With $p_e$ the edge's weight: $\partial s_e = p_e (g_{r_e} \cdot v_e - g_{r_e} \cdot
     \mathrm{out}_{r_e} + \bar\ell_{r_e})$, then $dq$, $dk$, $d\beta$, $db$ from $s_e$ and
-    $dv_e = p_e g_{r_e}$: the weights recomputed from `lse` and the saved dot products, nothing
-    of size $n^2$; a padding edge's, and a node's without edges, are zero."""
-    q, k, v, r, beta, bias, out, lse, dots = residuals
+    $dv_e = p_e g_{r_e}$, from the forward's edge weights and dot products (one number per
+    edge each), nothing of size $n^2$; a padding edge's, and a node's without edges, are zero."""
+    q, k, v, r, beta, bias, out, lse, dots, p = residuals
     g_out, g_lse = cotangents
     n, dtype = q.shape[0], compute_dtype(q.dtype, k.dtype, v.dtype)
-    valid = (r >= 0) & (r < n)
     rc = jnp.clip(r, 0, max(n - 1, 0))
     b = jnp.asarray(beta, dtype)
-    s = _logits(dots, beta, bias, dtype)
     finite = jnp.isfinite(lse)
-    p = jnp.where(valid & finite[rc], jnp.exp(s - jnp.where(finite, lse, 0.0)[rc]), 0.0)
     g = g_out.astype(dtype)[rc]  # [E, dv]: each edge's receiver's output cotangent
     delta = jnp.sum(g_out.astype(dtype) * out.astype(dtype), axis=-1)  # [n]
     g_lse = jnp.where(finite, g_lse.astype(dtype), 0.0)
