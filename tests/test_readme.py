@@ -175,6 +175,7 @@ _SOURCES = {
     "DEQ": ("training",),
     "Text": ("text",),
     "Where": ("text_frontier",),
+    "Graph": ("graphs_engine",),
 }
 
 
