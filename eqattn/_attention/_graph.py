@@ -22,10 +22,9 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from ._xla import compute_dtype
 
 
-def _check(queries, keys, values, receivers, beta, bias):
-    """The arguments as arrays, checked: a `ValueError` naming the argument and the shapes."""
-    q, k, v = jnp.asarray(queries), jnp.asarray(keys), jnp.asarray(values)
-    r = jnp.asarray(receivers)
+def check_shapes(q, k, v, r) -> None:
+    """The shapes and dtypes (arrays or `jax.ShapeDtypeStruct`s): a `ValueError` naming the
+    argument and the shapes."""
     shapes = f"queries {q.shape}, keys {k.shape}, values {v.shape}, receivers {r.shape}"
     for name, a in (("queries", q), ("keys", k), ("values", v)):
         if a.ndim != 2 or not jnp.issubdtype(a.dtype, jnp.floating):
@@ -36,6 +35,13 @@ def _check(queries, keys, values, receivers, beta, bias):
         raise ValueError(f"`keys`, `values` and `receivers` must have one row per edge; {shapes}.")
     if k.shape[1] != q.shape[1]:
         raise ValueError(f"`queries` and `keys` must have the same width d; got {shapes}.")
+
+
+def _check(queries, keys, values, receivers, beta, bias):
+    """The arguments as arrays, checked: a `ValueError` naming the argument and the shapes."""
+    q, k, v = jnp.asarray(queries), jnp.asarray(keys), jnp.asarray(values)
+    r = jnp.asarray(receivers)
+    check_shapes(q, k, v, r)
     b = jnp.asarray(beta)
     if b.ndim != 0 or not jnp.issubdtype(b.dtype, jnp.number):
         raise ValueError(f"`beta` must be a number (a scalar); got shape {b.shape}.")

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import Implementation, check_implementation
+from ._graph import check_shapes as check_graph_shapes
 from ._measured_tables import FIELDS, TABLES
 
 
@@ -306,9 +307,13 @@ def select_implementation(
     backend: str | None = None,
     tiling: Tiling | None = None,
     causal: bool = False,
-) -> Literal["xla", "chunked", "cudnn", "pallas"]:
+    receivers=None,
+) -> Literal["xla", "chunked", "cudnn", "pallas", "segment"]:
     r"""The implementation that `attention` (`need_lse=False`) or `attention_with_lse`
-    (`need_lse=True`) runs for these inputs.
+    (`need_lse=True`) runs for these inputs; with `receivers`, what
+    [`eqattn.graph_attention`][] runs for an edge list (`keys`, `values` and `receivers` one
+    per edge): `"segment"`, its one path on every backend (a gather per edge, a segment max and
+    segment sums, XLA's scatter-adds; O(E) memory), which takes none of the dense options.
 
     Arrays or `jax.ShapeDtypeStruct`s are accepted (only shapes and dtypes are read). `backend`
     defaults to `jax.default_backend()`; pass `"gpu"` to see what a GPU would run. An explicit
@@ -341,9 +346,23 @@ def select_implementation(
     # a log-sum-exp rules cuDNN out; 16384^2 logits per batch element take key chunks
     assert eqattn.select_implementation(x, x, backend="gpu", need_lse=True) == "chunked"
     assert eqattn.select_implementation(x, x, backend="cpu", need_lse=True) == "xla"
+    # attention over 600,000 edges of a 100,000-node graph
+    q, e = jax.ShapeDtypeStruct((100_000, 64), jnp.float32), jax.ShapeDtypeStruct((600_000, 64), jnp.float32)
+    r = jax.ShapeDtypeStruct((600_000,), jnp.int32)
+    assert eqattn.select_implementation(q, e, e, receivers=r, backend="gpu") == "segment"
     ```
     """
     values = keys if values is None else values
+    if receivers is not None:
+        dense = dict(mask=mask, chunk_size=chunk_size, tiling=tiling, causal=causal or None)
+        given = [name for name, value in dense.items() if value is not None]
+        if implementation != "auto" or given:
+            raise ValueError(
+                "graph attention (`receivers` given) has one implementation, `segment`, and "
+                f"takes none of the dense options; got {given or ['implementation']}."
+            )
+        check_graph_shapes(queries, keys, values, receivers)
+        return "segment"
     return plan(
         queries,
         keys,

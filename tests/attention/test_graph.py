@@ -189,3 +189,19 @@ def test_the_backward_holds_memory_in_the_edges_not_the_nodes_squared():
     temp = compiled.memory_analysis().temp_size_in_bytes
     inputs = sum(np.prod(s.shape) * s.dtype.itemsize for s in shapes)
     assert temp <= 1.5 * inputs, (temp / 2**20, inputs / 2**20)
+
+
+def test_select_implementation_reports_the_segment_path_and_refuses_dense_options():
+    """`select_implementation(..., receivers=...)` says what `graph_attention` runs, on every
+    backend, from shapes alone; dense options and bad shapes are refused by name."""
+    q = jax.ShapeDtypeStruct((10, 8), jnp.float32)
+    e = jax.ShapeDtypeStruct((30, 8), jnp.float32)
+    r = jax.ShapeDtypeStruct((30,), jnp.int32)
+    for backend in ("cpu", "gpu", "tpu"):
+        assert eqattn.select_implementation(q, e, e, receivers=r, backend=backend) == "segment"
+    with pytest.raises(ValueError, match="mask"):
+        eqattn.select_implementation(q, e, e, receivers=r, mask=jnp.ones((10, 30), bool))
+    with pytest.raises(ValueError, match="implementation"):
+        eqattn.select_implementation(q, e, e, receivers=r, implementation="xla")
+    with pytest.raises(ValueError, match="receivers"):
+        eqattn.select_implementation(q, e, e, receivers=jax.ShapeDtypeStruct((29,), jnp.int32))
