@@ -157,10 +157,9 @@ def soft_shortest_paths(
     if solver is None:
         tol = 1e-10 if dtype == jnp.float64 else 1e-6
         solver = Picard(rtol=tol, atol=tol, max_steps=4 * num_nodes + 16)
-    # start from above every distance (d = 1 + the sum of the weights, so u = e^{-beta d} starts
-    # about 0): Picard then sums the walks from the source by length and settles in about as
-    # many steps as the shortest paths have edges (from d = 0 it would wait for every walk of
-    # k shortest edges to outgrow the distances: max distance / min weight steps)
+    # start above every distance (d = 1 + the weights' sum): Picard then sums the walks by length
+    # and settles in about as many steps as the shortest paths have edges (from d = 0 it would
+    # wait for every walk of k shortest edges to outgrow the distances)
     bound = jax.lax.stop_gradient(beta * (1 + jnp.sum(jnp.where(reach[s], w, 0))))
     start = jnp.where(jnp.arange(num_nodes) == src, 0.0, -bound).astype(dtype)
     eq = fixed_point(step, start, (w, beta), solver=solver, adjoint=adjoint, throw=throw)
