@@ -11,6 +11,7 @@ train.train(graphs.GraphTask(graphs.GraphConfig()), "runs/graphs/deq")
 model = graphs.load_model("runs/graphs/deq")
 g = graphs.sample("grid", 1024, 2, seed=0)
 out = graphs.predict(model, g.adjacency, g.source)  # parents, reachability, solver steps
+out = graphs.predict(model, graphs.edge_list(g.adjacency), g.source)  # or an edge list
 ```
 
 `__all__` is the public API; `evaluate_sizes` and `distance_table` (the evaluation's tables) are
@@ -20,6 +21,7 @@ the task's interface for the benchmarks.
 from ..train import ConfigError as ConfigError, RunError as RunError
 from ._bfs import bfs as bfs, check_graphs as check_graphs, valid_parents as valid_parents
 from ._config import GraphConfig as GraphConfig
+from ._edges import EdgeList as EdgeList, choose_parent as choose_parent, edge_list as edge_list
 from ._families import FAMILIES as FAMILIES, Graphs as Graphs, sample as sample
 from ._model import (
     IDENTITY_DIM as IDENTITY_DIM,
@@ -41,6 +43,7 @@ __all__ = [
     "FAMILIES",
     "IDENTITY_DIM",
     "ConfigError",
+    "EdgeList",
     "GraphConfig",
     "GraphDEQ",
     "GraphPrediction",
@@ -52,6 +55,8 @@ __all__ = [
     "bfs",
     "budget_for",
     "check_graphs",
+    "choose_parent",
+    "edge_list",
     "features",
     "load_model",
     "predict",

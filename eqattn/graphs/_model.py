@@ -1,7 +1,9 @@
 r"""The graph models: a DEQ whose one propagation block is solved to its fixed point (an
 [`eqattn.nn.AbstractEquilibriumLayer`][] like the library's other layers), and its explicit twin,
-a stack of untied blocks of the same kind; every node reads only its neighbours (attention masked by the
-adjacency), so both are permutation-equivariant.
+a stack of untied blocks of the same kind; every node reads only its neighbours, so both are
+permutation-equivariant. A graph is given as its dense adjacency (attention masked by it) or as an
+edge list (attention over each node's incoming edges, [`eqattn.graph_attention`][]: O(E) a step);
+the two compute the same maps (tested).
 
 The **propagation block** is attention that preserves norms. A node's state $z_i$ attends over its neighbours with scores $\beta\, z_i \cdot R z_j$ and
 values $R z_j$, $R = \exp(S - S^\top)$ orthogonal ($S = AB^\top$ learned), and the result is
@@ -25,18 +27,23 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .. import nn
-from .._attention import attention
+from .._attention import attention, graph_attention
 from .._solve import Equilibrium, JacobianFree, Picard
 from ..nn import Prediction
 
 IDENTITY_DIM = 16
 """The width of each node's random identity vector (its input beside the source flag)."""
 
-Inputs = tuple[Float[Array, "n f"], Bool[Array, "n n"]]
-"""One graph: its nodes' inputs (identity vector, then the source flag) and its adjacency."""
+Inputs = (
+    tuple[Float[Array, "n f"], Bool[ArrayLike, "n n"]]
+    | tuple[Float[Array, "n f"], Int[ArrayLike, " E"], Int[ArrayLike, " E"]]
+)
+"""One graph: its nodes' inputs (identity vector, then the source flag), then its adjacency or
+its edges' senders and receivers (both directions of each undirected edge; a receiver `n` is
+padding)."""
 
 
 def per_token(linear: eqx.nn.Linear, x: Float[Array, "n f"]) -> Float[Array, "n out"]:
@@ -76,6 +83,8 @@ class Propagation(eqx.Module):
     step = block(z, adjacency)
     assert jnp.allclose(step[1], rotation @ z[0], atol=1e-5)  # node 1 holds R z_0
     assert jnp.allclose(step[2], 0.0)  # node 2's neighbour holds nothing yet
+    senders, receivers = jnp.array([0, 1, 1, 2]), jnp.array([1, 0, 2, 1])  # the same path
+    assert jnp.allclose(block(z, senders, receivers), step, atol=1e-6)
     ```
     """
 
@@ -95,13 +104,23 @@ class Propagation(eqx.Module):
         generator = self.first @ self.second.T
         return jax.scipy.linalg.expm(generator - generator.T)
 
-    def __call__(self, z: Float[Array, "n width"], adjacency: Bool[Array, "n n"]):
-        rz = z @ self.rotation().T
-        return normalize(attention(z, rz, rz, beta=jnp.exp(self.log_beta), mask=adjacency))
+    def __call__(self, z: Float[Array, "n width"], *graph) -> Float[Array, "n width"]:
+        """One step over `graph`: `(adjacency,)` or `(senders, receivers)`."""
+        rz, beta = z @ self.rotation().T, jnp.exp(self.log_beta)
+        if len(graph) == 1:
+            return normalize(attention(z, rz, rz, beta=beta, mask=graph[0]))
+        senders, receivers = graph
+        return normalize(graph_attention(z, rz[senders], rz[senders], receivers, beta=beta))
 
-    def scores(self, z: Float[Array, "n width"]) -> Float[Array, "n n"]:
-        """$\\beta\\, z_i \\cdot R z_j$ for every pair."""
-        return jnp.exp(self.log_beta) * (z @ (z @ self.rotation().T).T)
+    def scores(self, z: Float[Array, "n width"], *graph):
+        """$\\beta\\, z_i \\cdot R z_j$: for every pair `[n, n]` (`graph` dense or not
+        given), or for each edge $j \\to i$ `[E]` (`graph = (senders, receivers)`)."""
+        rz = z @ self.rotation().T
+        if len(graph) < 2:
+            return jnp.exp(self.log_beta) * (z @ rz.T)
+        senders, receivers = graph
+        zi = z.at[receivers].get(mode="fill", fill_value=0.0)
+        return jnp.exp(self.log_beta) * jnp.sum(zi * rz[senders], axis=-1)
 
 
 class PropagationHead(eqx.Module):
@@ -123,9 +142,14 @@ class PropagationHead(eqx.Module):
         code = normalize(per_token(self.code, features))
         return jnp.where(features[:, -1:] > 0, code, z)
 
-    def __call__(self, z, adjacency, block: Propagation):
+    def __call__(self, z, graph: tuple, block: Propagation):
+        """Dense `graph`: `(reachability logits [n], parent scores [n, n])`; an edge list:
+        `(reachability logits [n], each edge's parent score [E], each node's own [n])`."""
         reach = jnp.exp(self.log_gain) * (norm(z) - 0.5)
-        return reach, _parent_scores(block.scores(z), adjacency, self.self_score)
+        if len(graph) == 1:
+            return reach, _parent_scores(block.scores(z), graph[0], self.self_score)
+        own = jnp.broadcast_to(self.self_score, reach.shape)
+        return reach, block.scores(z, *graph), own
 
 
 def _parent_scores(scores, adjacency, self_score) -> Float[Array, "n n"]:
@@ -137,7 +161,7 @@ def _parent_scores(scores, adjacency, self_score) -> Float[Array, "n n"]:
 class GraphDEQ(nn.AbstractEquilibriumLayer):
     """One weight-tied propagation block solved to its fixed point (module docstring):
     `model.predict((features, adjacency), budget=...)` gives reachability logits and parent
-    scores. An equilibrium layer like the library's others: its `solver` (default Picard
+    scores (`(features, senders, receivers)`: the edges' and each node's own). An equilibrium layer like the library's others: its `solver` (default Picard
     iteration to `rtol` 1e-4, 4096 steps: a step moves what a node knows one edge), `adjoint`
     (default Jacobian-free) and `throw`.
 
@@ -181,21 +205,22 @@ class GraphDEQ(nn.AbstractEquilibriumLayer):
         self.solver, self.adjoint = self.solving(solver, adjoint or JacobianFree(), default, dtype)
         self.throw = throw
 
-    def step(self, z: Float[Array, "n width"], features, adjacency) -> Float[Array, "n width"]:
+    def step(self, z: Float[Array, "n width"], features, *graph) -> Float[Array, "n width"]:
         """One propagation step, the source's state pinned to its code: the map solved."""
-        return self.head.pin(self.block(z, adjacency), features)
+        return self.head.pin(self.block(z, *graph), features)
 
     def equilibrium(self, x: Inputs, *, z0=None, budget=None) -> Equilibrium:
         """The nodes' states at the fixed point of `step` (from zeros, or `z0`)."""
-        features, adjacency = x
+        features, *graph = x
         width = self.block.first.shape[0]
         z0 = jnp.zeros((features.shape[0], width), self.block.first.dtype) if z0 is None else z0
-        return self.solve(GraphDEQ.step, z0, features, adjacency, budget=budget)
+        return self.solve(GraphDEQ.step, z0, features, *graph, budget=budget)
 
     def forward(self, x: Inputs, *, z0=None, budget=None) -> tuple[Any, Equilibrium]:
-        """`((reachability logits [n], parent scores [n, n]), Equilibrium)`."""
+        """`(logits, Equilibrium)`: the reachability logits and the parent scores (dense: `[n, n]`;
+        an edge list: each edge's `[E]` and each node's own `[n]`)."""
         eq = self.equilibrium(x, z0=z0, budget=budget)
-        return self.head(eq.value, x[1], self.block), eq
+        return self.head(eq.value, tuple(x[1:]), self.block), eq
 
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
         logits, eq = self.forward(x, z0=z0, budget=budget)
@@ -239,11 +264,11 @@ class GraphStack(eqx.Module):
         )
 
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
-        features, adjacency = x
+        features, *graph = x
         z = jnp.zeros((features.shape[0], self.blocks[0].first.shape[0]), features.dtype)
         for block in self.blocks:
-            z = self.head.pin(block(z, adjacency), features)
-        logits = self.head(z, adjacency, self.blocks[-1])
+            z = self.head.pin(block(z, *graph), features)
+        logits = self.head(z, tuple(graph), self.blocks[-1])
         return Prediction(logits, jnp.array(0), jnp.array(0.0, z.dtype), jnp.array(True), None)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from .._errors import ConfigError
 from ._bfs import check_graphs
+from ._edges import DENSE_UP_TO, EdgeList, bucket, check_edges, choose_parent, edge_list
 from ._model import IDENTITY_DIM
 
 
@@ -71,25 +72,43 @@ def features(source: np.ndarray, n: int, key) -> jax.Array:
 
 
 @eqx.filter_jit
-def _solve(model, features, adjacency, budget):
-    p = jax.vmap(lambda f, a: model.predict((f, a), budget=budget))(features, adjacency)
-    reach, scores = p.logits
-    return reach > 0, jnp.argmax(scores, -1), p.steps, p.converged
+def solve_batch(model, features, graph, budget):
+    """Reachability, parents, steps and convergence of a batch: `graph` is `(adjacency,)` or
+    `(senders, receivers)`."""
+    p = jax.vmap(lambda f, *g: model.predict((f, *g), budget=budget))(features, *graph)
+    if len(graph) == 1:
+        parent = jnp.argmax(p.logits[1], -1)
+    else:
+        parent = jax.vmap(choose_parent)(*p.logits[1:], *graph)
+    return p.logits[0] > 0, parent, p.steps, p.converged
 
 
-def _bucket(size: int) -> int:
-    """`size` rounded up to a power of two (at least 8): a few shapes, a few compilations."""
-    return max(8, 1 << (int(size) - 1).bit_length())
+def _padded(graph: EdgeList | np.ndarray, rows: int, size: int) -> tuple:
+    """The batch as the model reads it, padded to `rows` graphs of `size` nodes: a dense
+    adjacency up to `DENSE_UP_TO` nodes, else an edge list padded to a power of two of edges."""
+    if not isinstance(graph, EdgeList) and size <= DENSE_UP_TO:
+        padded = np.zeros((rows, size, size), bool)
+        padded[: len(graph), : graph.shape[1], : graph.shape[1]] = graph
+        return (padded,)
+    graph = graph if isinstance(graph, EdgeList) else edge_list(graph)
+    (count, width), n = graph.senders.shape, graph.num_nodes
+    senders = np.zeros((rows, bucket(width)), np.int32)
+    receivers = np.full((rows, bucket(width)), size, np.int32)
+    senders[:count, :width] = graph.senders
+    receivers[:count, :width] = np.where(graph.receivers == n, size, graph.receivers)
+    return senders, receivers
 
 
-def predict(model, adjacency, source, *, budget=None, key=None) -> GraphPrediction:
-    """Reachability and a BFS parent for every node of each graph (`adjacency [B, n, n]` bool,
-    `source [B]` int, numpy or JAX arrays; any n and batch: padded inside with isolated nodes and
-    empty graphs, which change nothing), from a model of `eqattn train --task graphs`
-    ([`load_model`][eqattn.graphs.load_model]). A DEQ's solve gets `budget` steps (default the
-    rule [`budget_for`][eqattn.graphs.budget_for] of n; at least 1); `key` draws the nodes'
-    identity vectors (default `jax.random.key(0)`). Bad input is a `ValueError` naming the
-    argument.
+def predict(model, graph, source, *, budget=None, key=None) -> GraphPrediction:
+    """Reachability and a BFS parent for every node of each graph, from a model of `eqattn
+    train --task graphs` ([`load_model`][eqattn.graphs.load_model]). `graph`: dense adjacencies
+    `[B, n, n]` (bool) or an [`EdgeList`][eqattn.graphs.EdgeList] (`[B, E]` senders and
+    receivers, both directions of each undirected edge); `source [B]` int; numpy or JAX arrays,
+    any n, E and batch: padded inside (isolated nodes, padding edges, empty graphs, which change
+    nothing) to powers of two. Graphs of more than 128 nodes, and every edge list, are read as
+    edges: a step costs O(E). A DEQ's solve gets `budget` steps (default the rule
+    [`budget_for`][eqattn.graphs.budget_for] of n; at least 1); `key` draws the nodes' identity
+    vectors (default `jax.random.key(0)`). Bad input is a `ValueError` naming the argument.
 
     **Example:**
 
@@ -101,19 +120,24 @@ def predict(model, adjacency, source, *, budget=None, key=None) -> GraphPredicti
     g = graphs.sample("tree", 10, 3, seed=0)
     out = graphs.predict(model, g.adjacency, g.source)
     assert out.reachable.shape == out.parent.shape == (3, 10) and out.steps.shape == (3,)
+    same = graphs.predict(model, graphs.edge_list(g.adjacency), g.source)  # as an edge list
+    assert (same.parent == out.parent).all()
     ```
     """
-    adjacency, source = check_graphs(adjacency, source)
+    if isinstance(graph, EdgeList):
+        graph, source = check_edges(graph, source)
+        count, n = graph.senders.shape[0], graph.num_nodes
+    else:
+        graph, source = check_graphs(graph, source)
+        count, n = graph.shape[:2]
     if budget is not None and not (isinstance(budget, int | np.integer) and budget >= 1):
         raise ConfigError(f"`budget` must be an integer >= 1 (solver steps); got {budget!r}")
-    count, n = adjacency.shape[:2]
-    rows, size = _bucket(count), _bucket(n)
-    padded = np.zeros((rows, size, size), bool)
-    padded[:count, :n, :n] = adjacency
+    rows, size = bucket(count), bucket(n)
     src = np.zeros(rows, np.int64)
     src[:count] = source
     key = jax.random.key(0) if key is None else key
     x = features(src, size, key).at[count:].set(0.0)  # no source in the padding's graphs
     steps = jnp.asarray(budget_for(n) if budget is None else budget)
-    reach, parent, used, converged = jax.device_get(_solve(model, x, padded, steps))
+    solved = solve_batch(model, x, _padded(graph, rows, size), steps)
+    reach, parent, used, converged = jax.device_get(solved)
     return GraphPrediction(reach[:count, :n], parent[:count, :n], used[:count], converged[:count])

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._bfs import bfs
 from ._data import examples
+from ._edges import DENSE_UP_TO, edge_list
 from ._families import FAMILIES, sample
-from ._predict import budget_for
+from ._predict import budget_for, solve_batch
 
 SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
 """Nodes per graph, and how many graphs of each family are scored at that size."""
@@ -26,18 +26,17 @@ BUCKETS = ((0, 4), (5, 16), (17, 64), (65, 256), (257, 1024))
 """Distances from the source, for the accuracy by distance (and the unreachable nodes)."""
 
 
-@eqx.filter_jit
-def _solve(model, inputs, budget):
-    p = jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
-    reach, scores = p.logits
-    return reach > 0, jnp.argmax(scores, -1), p.steps, p.converged
-
-
 def _score(model, adjacency, source, budget) -> tuple[dict[str, Any], np.ndarray]:
-    """The shares of nodes with each answer right at `budget`, and per node whether both are."""
+    """The shares of nodes with each answer right at `budget`, and per node whether both are
+    (graphs above `DENSE_UP_TO` nodes read as edge lists)."""
     real = np.ones(adjacency.shape[:2], bool)
     inputs, (reach, parents, _) = examples(adjacency, source, real, np.random.default_rng(7))
-    got, parent, steps, converged = jax.device_get(_solve(model, inputs, jnp.asarray(budget)))
+    graph: tuple = (inputs[1],)
+    if adjacency.shape[1] > DENSE_UP_TO:
+        edges = edge_list(adjacency)
+        graph = (edges.senders, edges.receivers)
+    solved = solve_batch(model, inputs[0], graph, jnp.asarray(budget))
+    got, parent, steps, converged = jax.device_get(solved)
     right_reach = got == reach
     right_parent = np.take_along_axis(parents, parent[..., None], -1)[..., 0]
     both = right_reach & right_parent

@@ -134,3 +134,68 @@ def test_predict_pads_inside_and_the_padding_changes_nothing():
     # which the propagation block reads from the source's code alone, and the steps
     np.testing.assert_array_equal(wide.reachable[:, :16], alone.reachable)
     assert not wide.reachable[:, 16].any() and (wide.parent[:, 16] == 16).all()
+
+
+def test_the_edge_list_form_computes_the_dense_form():
+    """Over an edge list (with padding edges), the block is dense attention masked by the
+    adjacency, the parent scores are the dense ones per edge, `choose_parent` is the dense
+    row's argmax over neighbours and self, and a permutation of the nodes permutes the answers
+    (float64, an Erdős–Rényi graph with isolated nodes)."""
+    model = graphs.GraphDEQ(6, key=jax.random.key(0))
+    model = jax.tree.map(lambda x: x.astype(jnp.float64) if eqx_float(x) else x, model)
+    g = graphs.sample("erdos-renyi", 14, 1, seed=5)
+    a = jnp.asarray(g.adjacency[0])
+    e = graphs.edge_list(g.adjacency, edges=int(a.sum()) + 5)  # five padding edges
+    s, r = jnp.asarray(e.senders[0]), jnp.asarray(e.receivers[0])
+    z = jax.random.normal(jax.random.key(1), (14, 6), jnp.float64)
+    np.testing.assert_allclose(model.block(z, s, r), model.block(z, a), atol=1e-12)
+    x = graphs.features(g.source, 14, jax.random.key(1)).astype(jnp.float64)[0]
+    dense, sparse = model.predict((x, a), budget=60), model.predict((x, s, r), budget=60)
+    assert int(dense.steps) == int(sparse.steps)
+    np.testing.assert_allclose(sparse.logits[0], dense.logits[0], atol=1e-12)
+    real = np.asarray(r) < 14
+    np.testing.assert_allclose(
+        sparse.logits[1][real], dense.logits[1][np.asarray(r)[real], np.asarray(s)[real]]
+    )
+    chosen = graphs.choose_parent(*sparse.logits[1:], s, r)
+    np.testing.assert_array_equal(chosen, jnp.argmax(dense.logits[1], -1))
+    order = np.random.default_rng(0).permutation(14)
+    new = np.append(np.argsort(order), 14)  # old node -> its new index (14: padding stays)
+    q = model.predict((x[order], jnp.asarray(new[s]), jnp.asarray(new[r])), budget=60)
+    np.testing.assert_allclose(q.logits[0], sparse.logits[0][order], atol=1e-9)
+    np.testing.assert_allclose(q.logits[1], sparse.logits[1], atol=1e-9)  # per edge
+
+
+def test_predict_reads_large_graphs_and_edge_lists_as_edges_and_refuses_bad_ones():
+    """A 200-node graph (read as edges) gets the dense model's answers; an edge list gets its
+    adjacency's; a malformed one is refused in one line naming what is wrong."""
+    model = graphs.GraphDEQ(8, key=jax.random.key(3))
+    g = graphs.sample("grid", 200, 2, seed=1)
+    out = graphs.predict(model, g.adjacency, g.source, budget=40)
+    x = graphs.features(np.append(g.source, [0] * 6), 256, jax.random.key(0))[:2, :200]
+    for b in range(2):
+        p = model.predict((x[b], jnp.asarray(g.adjacency[b])), budget=40)
+        np.testing.assert_array_equal(out.parent[b], np.argmax(p.logits[1], -1))
+        np.testing.assert_array_equal(out.reachable[b], p.logits[0] > 0)
+    small = graphs.sample("tree", 20, 2, seed=1)
+    e = graphs.edge_list(small.adjacency, edges=100)  # more padding than the rule's
+    np.testing.assert_array_equal(
+        graphs.predict(model, e, small.source).parent,
+        graphs.predict(model, small.adjacency, small.source).parent,
+    )
+    one_way = e.receivers.copy()
+    one_way[0, 0] = 20  # drop one direction of an edge
+    cases = [
+        (e._replace(num_nodes=0), "`num_nodes` must be an int >= 1"),
+        (e._replace(senders=e.senders[:, :-1]), "must be integers of one shape [B, E]"),
+        (e._replace(senders=e.senders.astype(float)), "must be integers of one shape [B, E]"),
+        (e._replace(receivers=e.receivers + 5), "edge ends must be nodes in 0 .. 19"),
+        (e._replace(receivers=np.where(e.receivers < 20, e.senders, 20)), "no self-loops"),
+        (e._replace(receivers=one_way), "each edge's reverse must be listed too"),
+    ]
+    for graph, message in cases:
+        with pytest.raises(ValueError) as error:
+            graphs.predict(model, graph, small.source)
+        assert message in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="`source` must be in 0 .. 19"):
+        graphs.predict(model, e, np.array([0, 20]))
