@@ -13,8 +13,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int
+from jaxtyping import Array, Bool, Float, Int
 
+from .._attention import graph_attention_with_lse
 from .._errors import ConfigError
 
 
@@ -41,11 +42,15 @@ class EdgeList(NamedTuple):
 
 
 DENSE_UP_TO = 128
-"""Graphs of at most this many nodes are read as dense adjacencies, larger ones as edge lists.
+"""Graphs of at most this many nodes are read as dense adjacencies, larger ones as edge lists
+(in training, evaluation and `predict` alike).
 On a CPU a dense step over a small graph is a few matrix products, where the edge list's
 segment sums are scatters that XLA runs update by update: training the first run's pair on
 graphs of 8-16 nodes took twice as long over edges (and 2.5x the step's memory), while at 1024
 nodes a segment sum takes a fiftieth of the dense product (the findings page)."""
+EDGES_PER_NODE = 8
+"""Training graphs read as edge lists are padded to this many directed edges per node (one
+shape for every batch: the step traces once); a drawn graph with more is drawn again."""
 
 
 def bucket(size: int) -> int:
@@ -118,6 +123,50 @@ def check_edges(graph: EdgeList, source) -> tuple[EdgeList, np.ndarray]:
     return EdgeList(s.astype(np.int32), r.astype(np.int32), int(n)), src.astype(np.int64)
 
 
+def parent_targets(senders, receivers, distance) -> tuple[np.ndarray, np.ndarray]:
+    """Per edge, whether its sender is a valid BFS parent of its receiver (a neighbour one edge
+    closer to the source: `[B, E]`), and per node whether it is its own (the source and the
+    unreachable: `[B, n]`)."""
+    d = np.asarray(distance)
+    padded = np.concatenate([d, np.full((d.shape[0], 1), -1)], axis=1)  # receiver n: padding
+    dr = np.take_along_axis(padded, receivers, 1)
+    ds = np.take_along_axis(padded, senders, 1)
+    return (dr > 0) & (ds == dr - 1), d <= 0
+
+
+def _with_self(scores, own, senders, receivers):
+    """Every candidate parent of every node: its incoming edges, then the node itself."""
+    nodes = jnp.arange(own.shape[0], dtype=receivers.dtype)
+    return (
+        jnp.concatenate([scores, own]),
+        jnp.concatenate([senders, nodes]),
+        jnp.concatenate([receivers, nodes]),
+    )
+
+
+def _segment_lse(scores: Float[Array, " E"], receivers: Int[Array, " E"], n: int):
+    """Each node's log-sum-exp of its edges' `scores` (-inf where none), by the engine's graph
+    attention (stable; zero gradients for a node without edges)."""
+    ones = jnp.ones((n, 1), scores.dtype)
+    zeros = jnp.zeros((scores.shape[0], 1), scores.dtype)
+    return graph_attention_with_lse(ones, zeros, zeros, receivers, beta=0.0, bias=scores)[1]
+
+
+def parent_loss_and_right(
+    scores, own, senders, receivers, edge_ok: Bool[Array, " E"], self_ok: Bool[Array, " n"]
+):
+    """Per node: minus the log-probability of its valid parents (a softmax over its candidate
+    parents: its incoming edges' senders and itself), and whether the chosen parent is valid."""
+    n = own.shape[0]
+    s, snd, rcv = _with_self(scores, own, senders, receivers)
+    ok = jnp.concatenate([edge_ok, self_ok])
+    loss = _segment_lse(s, rcv, n) - _segment_lse(jnp.where(ok, s, -jnp.inf), rcv, n)
+    parent = choose_parent(scores, own, senders, receivers)
+    chosen = snd == parent.at[rcv].get(mode="fill", fill_value=-1)
+    right = jax.ops.segment_max((chosen & ok).astype(jnp.int32), rcv, num_segments=n) > 0
+    return loss, right
+
+
 def choose_parent(scores, own, senders, receivers) -> Int[Array, " n"]:
     """Each node's highest-scoring candidate parent `[n]` from a graph model's parent scores
     (each edge's `scores [E]`, the senders being the candidates, and each node's `own [n]` for
@@ -135,9 +184,7 @@ def choose_parent(scores, own, senders, receivers) -> Int[Array, " n"]:
     ```
     """
     n = own.shape[0]
-    nodes = jnp.arange(n, dtype=receivers.dtype)  # each node is its own candidate too
-    s = jnp.concatenate([scores, own])
-    snd, rcv = jnp.concatenate([senders, nodes]), jnp.concatenate([receivers, nodes])
+    s, snd, rcv = _with_self(scores, own, senders, receivers)
     top = jax.ops.segment_max(s, rcv, num_segments=n)
     best = s >= top.at[rcv].get(mode="fill", fill_value=jnp.inf)
     return jax.ops.segment_min(jnp.where(best, snd, n), rcv, num_segments=n)

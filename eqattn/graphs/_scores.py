@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._bfs import bfs
+from ._bfs import bfs, valid_parents
 from ._data import examples
-from ._edges import DENSE_UP_TO, edge_list
+from ._edges import bucket as edge_bucket
 from ._families import FAMILIES, sample
 from ._predict import budget_for, solve_batch
 
@@ -28,15 +28,13 @@ BUCKETS = ((0, 4), (5, 16), (17, 64), (65, 256), (257, 1024))
 
 def _score(model, adjacency, source, budget) -> tuple[dict[str, Any], np.ndarray]:
     """The shares of nodes with each answer right at `budget`, and per node whether both are
-    (graphs above `DENSE_UP_TO` nodes read as edge lists)."""
+    (graphs above `DENSE_UP_TO` nodes read as edge lists, padded to a power of two of edges)."""
     real = np.ones(adjacency.shape[:2], bool)
-    inputs, (reach, parents, _) = examples(adjacency, source, real, np.random.default_rng(7))
-    graph: tuple = (inputs[1],)
-    if adjacency.shape[1] > DENSE_UP_TO:
-        edges = edge_list(adjacency)
-        graph = (edges.senders, edges.receivers)
-    solved = solve_batch(model, inputs[0], graph, jnp.asarray(budget))
+    edges = edge_bucket(int(adjacency.sum((1, 2)).max()))
+    inputs, (reach, *_) = examples(adjacency, source, real, np.random.default_rng(7), edges)
+    solved = solve_batch(model, inputs[0], tuple(inputs[1:]), jnp.asarray(budget))
     got, parent, steps, converged = jax.device_get(solved)
+    parents = valid_parents(adjacency, bfs(adjacency, source)[1])
     right_reach = got == reach
     right_parent = np.take_along_axis(parents, parent[..., None], -1)[..., 0]
     both = right_reach & right_parent

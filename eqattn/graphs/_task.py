@@ -32,7 +32,7 @@ def make_train_step(config: GraphConfig, optimizer):
 
     def loss_fn(model, inputs, targets):
         p = jax.vmap(lambda x: model.predict(x, budget=config.training_budget))(inputs)
-        loss, right_reach, right_parent = node_scores(p.logits, targets)
+        loss, right_reach, right_parent = node_scores(p.logits, inputs, targets)
         real = targets[2].astype(loss.dtype)
         nodes = jnp.sum(real)
         accuracy = jnp.sum((right_reach & right_parent) * real) / nodes
@@ -194,7 +194,7 @@ def _accuracy(model, inputs, targets) -> dict[str, float]:
     statistics, at the budget rule of the graphs' size."""
     n = targets[2].shape[1]
     p = _predict_batch(model, inputs, jnp.asarray(budget_for(n)))
-    _, right_reach, right_parent = node_scores(p.logits, targets)
+    _, right_reach, right_parent = node_scores(p.logits, inputs, targets)
     real = np.asarray(targets[2])
     share = lambda x: float(np.sum(np.asarray(x) & real) / np.sum(real))  # noqa: E731
     return dict(

@@ -1,6 +1,7 @@
 """The graph data and models: the families' shapes, BFS against scipy's shortest paths, the BFS
 parents, the API's refusals, and permutation equivariance of every model kind."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,3 +200,41 @@ def test_predict_reads_large_graphs_and_edge_lists_as_edges_and_refuses_bad_ones
         assert message in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(ValueError, match="`source` must be in 0 .. 19"):
         graphs.predict(model, e, np.array([0, 20]))
+
+
+def test_the_training_loss_over_edges_is_the_dense_loss():
+    """Above 128 nodes `examples` gives edge lists: the loss and the answers' rightness are the
+    dense form's on the same graphs (float64), and a training step on them runs."""
+    from eqattn.graphs._data import draw, examples, node_scores
+
+    model = graphs.GraphDEQ(6, key=jax.random.key(0))
+    model = jax.tree.map(lambda x: x.astype(jnp.float64) if eqx_float(x) else x, model)
+    rng = np.random.default_rng(0)
+    adjacency, source, real = draw(rng, 3, (120, 130), graphs.FAMILIES, pad=130)
+    (x, s, r), targets = examples(adjacency, source, real, np.random.default_rng(1))
+    assert s.shape == (3, 8 * 130) and len(targets[1]) == 2  # edges: (edge_ok, self_ok)
+    x = jnp.asarray(x, jnp.float64)
+
+    def scored(*graph):
+        logits = jax.vmap(lambda *a: model.predict(a, budget=20).logits)(x, *graph)
+        return logits
+
+    sparse = node_scores(scored(s, r), (x, s, r), targets)
+    _, distance = graphs.bfs(adjacency, source)
+    dense_targets = (targets[0], graphs.valid_parents(adjacency, distance), real)
+    dense = node_scores(scored(jnp.asarray(adjacency)), (x, adjacency), dense_targets)
+    np.testing.assert_allclose(sparse[0], dense[0], rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(sparse[1], dense[1])
+    np.testing.assert_array_equal(sparse[2], dense[2])
+    # one optimizer step of the task on these edge lists (float32, as training runs)
+    import optax
+
+    from eqattn.graphs._task import make_train_step
+
+    optimizer = optax.adam(1e-3)
+    model32 = graphs.GraphDEQ(6, key=jax.random.key(0))
+    step = make_train_step(graphs.GraphConfig(), optimizer)
+    inputs = (jnp.asarray(x, jnp.float32), s, r)
+    state = optimizer.init(eqx.filter(model32, eqx.is_array))
+    new, _, loss, _, _ = eqx.filter_jit(step)(model32, state, inputs, targets, None, None)
+    assert np.isfinite(float(loss)) and not np.allclose(new.block.first, model32.block.first)
