@@ -1,6 +1,7 @@
-"""The graph task: reachability from a source and a breadth-first-search parent for every node,
-on graphs generated on the fly (no download, fixed seeds) from families whose diameter grows with
-their size; the numpy reference (`bfs`), the models (a DEQ and its explicit twin), training
+"""The graph task: a parent for every node by breadth-first search (and reachability), shortest
+paths or the minimum spanning tree from a source (`ALGORITHMS`), on graphs generated on the fly
+(no download, fixed seeds) from families whose diameter grows with their size; the references
+(numpy BFS, scipy's Dijkstra and spanning tree), the models (a DEQ and its explicit twin), training
 (`GraphConfig`, `GraphTask`, `eqattn train --task graphs`) and predictions of a trained model (see
 the guide "Graph reasoning").
 
@@ -12,6 +13,11 @@ model = graphs.load_model("runs/graphs/deq")
 g = graphs.sample("grid", 1024, 2, seed=0)
 out = graphs.predict(model, g.adjacency, g.source)  # parents, reachability, solver steps
 out = graphs.predict(model, graphs.edge_list(g.adjacency), g.source)  # or an edge list
+
+config = graphs.GraphConfig(algorithm="shortest-paths")  # weighted: nn.ImplicitGraphAttention
+train.train(graphs.GraphTask(config), "runs/graphs/paths")
+w = graphs.sample_weighted("delaunay", 4096, 1, seed=0)
+out = graphs.predict(graphs.load_model("runs/graphs/paths"), w.edges, w.source, weights=w.weights)
 ```
 
 `__all__` is the public API; `evaluate_sizes` and `distance_table` (the evaluation's tables) are
@@ -38,8 +44,19 @@ from ._predict import (
 from ._scores import distance_table as distance_table, evaluate_sizes as evaluate_sizes
 from ._shortest import soft_shortest_paths as soft_shortest_paths
 from ._task import GraphTask as GraphTask, load_model as load_model
+from ._weighted import (
+    ALGORITHMS as ALGORITHMS,
+    WEIGHTED_FAMILIES as WEIGHTED_FAMILIES,
+    WeightedGraphs as WeightedGraphs,
+    sample_weighted as sample_weighted,
+)
+from ._weighted_model import (
+    WeightedGraphDEQ as WeightedGraphDEQ,
+    WeightedGraphStack as WeightedGraphStack,
+)
 
 __all__ = [
+    "ALGORITHMS",
     "FAMILIES",
     "IDENTITY_DIM",
     "ConfigError",
@@ -52,6 +69,10 @@ __all__ = [
     "Graphs",
     "Propagation",
     "RunError",
+    "WEIGHTED_FAMILIES",
+    "WeightedGraphDEQ",
+    "WeightedGraphStack",
+    "WeightedGraphs",
     "bfs",
     "budget_for",
     "check_graphs",
@@ -61,6 +82,7 @@ __all__ = [
     "load_model",
     "predict",
     "sample",
+    "sample_weighted",
     "soft_shortest_paths",
     "valid_parents",
 ]

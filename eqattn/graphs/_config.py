@@ -6,13 +6,20 @@ import dataclasses
 
 from ..train import Config, ConfigError, at_least, setting
 from ._families import FAMILIES
+from ._weighted import ALGORITHMS, WEIGHTED_FAMILIES
+
+WEIGHTED_DIM = 22
+"""The weighted algorithms' DEQ width: 22 channels, 11 of them bottleneck channels (100
+parameters, as the explicit twin's 16 steps of 2 channels)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GraphConfig(Config):
-    """A graph run: reachability and a BFS parent for every node, learned on graphs of
-    `graph_sizes` nodes from `families` (None: all of `FAMILIES`), drawn afresh for every one
-    of the `epoch_steps` optimizer steps of an epoch.
+    """A graph run: a parent for every node by `algorithm` (`bfs`: reachability and a BFS
+    parent; `shortest-paths`: a parent on a shortest path; `mst`: the parent in the minimum
+    spanning tree rooted at the source), learned on graphs of `graph_sizes` nodes from
+    `families` (None: all of `FAMILIES`, or of `WEIGHTED_FAMILIES` for the weighted
+    algorithms), drawn afresh for every one of the `epoch_steps` optimizer steps of an epoch.
 
     **Example:**
 
@@ -27,10 +34,13 @@ class GraphConfig(Config):
     # Measured in the graphs guide: the propagation block of width 16 solved by Picard
     # iteration (a step moves what a node knows one edge) with the Jacobian-free gradient, 40
     # solver steps while training (2 x 16 + 8: the rule for the largest training graphs).
-    dim: int = 16
     # The explicit model: 16 untied blocks, as many as the training graphs' longest distance
     # (15) needs, so that it can solve its training distribution (at 4 it reaches 4 hops: 69%
-    # in distribution); its width is then 7 for equal parameters.
+    # in distribution); its width is then 7 for equal parameters. For the weighted algorithms
+    # (`WEIGHTED_DIM`) the DEQ's state has 22 channels and the twin's 2: 100 parameters each.
+    dim: int = setting(  # None: resolved in __post_init__
+        None, "the DEQ's width (None: 16 for bfs, 22 for the others)"
+    )
     depth: int = 16
     solver: str = "picard"
     adjoint: str = "jacobian-free"
@@ -42,15 +52,25 @@ class GraphConfig(Config):
     lr: float = 1e-2
     weight_decay: float = 0.0
 
+    algorithm: str = setting("bfs", "the algorithm learned", choices=ALGORITHMS)
     graph_sizes: tuple[int, int] = setting((8, 16), "the training graphs' sizes: LOW HIGH nodes")
     families: tuple[str, ...] | None = setting(
-        None, "the training graphs' families (None: all)", choices=FAMILIES
+        None, "the training graphs' families (None: all)", choices=WEIGHTED_FAMILIES
     )
     epoch_steps: int = setting(200, "optimizer steps per epoch (each ends with validation)")
 
     def __post_init__(self):
+        if self.dim is None:  # the algorithm's default, recorded as a number
+            object.__setattr__(self, "dim", 16 if self.algorithm == "bfs" else WEIGHTED_DIM)
         super().__post_init__()
         at_least(self, ("epoch_steps",), 1)
+        weighted_only = set(self.families or ()) - set(FAMILIES)
+        if self.algorithm == "bfs" and weighted_only:
+            raise ConfigError(
+                f"`families` {', '.join(sorted(weighted_only))} are drawn with weights: the "
+                f"weighted algorithms only (`algorithm` shortest-paths or mst); bfs reads "
+                f"{', '.join(FAMILIES)}"
+            )
         low, high = self.graph_sizes
         if not 2 <= low <= high:
             raise ConfigError(

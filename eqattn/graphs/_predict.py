@@ -13,6 +13,8 @@ from .._errors import ConfigError
 from ._bfs import check_graphs
 from ._edges import DENSE_UP_TO, EdgeList, bucket, check_edges, choose_parent, edge_list
 from ._model import IDENTITY_DIM
+from ._weighted import check_weights
+from ._weighted_model import WeightedGraphDEQ, WeightedGraphStack, solve_weighted
 
 
 def budget_for(n: int) -> int:
@@ -99,9 +101,13 @@ def _padded(graph: EdgeList | np.ndarray, rows: int, size: int) -> tuple:
     return senders, receivers
 
 
-def predict(model, graph, source, *, budget=None, key=None) -> GraphPrediction:
-    """Reachability and a BFS parent for every node of each graph, from a model of `eqattn
-    train --task graphs` ([`load_model`][eqattn.graphs.load_model]). `graph`: dense adjacencies
+def predict(model, graph, source, *, weights=None, budget=None, key=None) -> GraphPrediction:
+    """Reachability and a parent for every node of each graph, from a model of `eqattn train
+    --task graphs` ([`load_model`][eqattn.graphs.load_model]): a BFS parent, a parent on a
+    shortest path, or the parent in the minimum spanning tree, whichever `algorithm` the model
+    learned. `weights` (the weighted algorithms' models only, and required by them): each edge's
+    weight, finite and non-negative, `[B, n, n]` with dense adjacencies (symmetric, 0 where no
+    edge) or `[B, E]` with an edge list. `graph`: dense adjacencies
     `[B, n, n]` (bool) or an [`EdgeList`][eqattn.graphs.EdgeList] (`[B, E]` senders and
     receivers, both directions of each undirected edge); `source [B]` int; numpy or JAX arrays,
     any n, E and batch: padded inside (isolated nodes, padding edges, empty graphs, which change
@@ -132,12 +138,42 @@ def predict(model, graph, source, *, budget=None, key=None) -> GraphPrediction:
         count, n = graph.shape[:2]
     if budget is not None and not (isinstance(budget, int | np.integer) and budget >= 1):
         raise ConfigError(f"`budget` must be an integer >= 1 (solver steps); got {budget!r}")
+    weighted = isinstance(model, WeightedGraphDEQ | WeightedGraphStack)
+    if weighted and weights is None:
+        raise ConfigError("`weights` is required: the model learned a weighted algorithm")
+    if not weighted and weights is not None:
+        raise ConfigError("`weights` is for the weighted algorithms' models; this one learned bfs")
+    steps = budget_for(n) if budget is None else int(budget)
+    if weighted:
+        return _predict_weighted(model, graph, source, weights, steps)
     rows, size = bucket(count), bucket(n)
     src = np.zeros(rows, np.int64)
     src[:count] = source
     key = jax.random.key(0) if key is None else key
     x = features(src, size, key).at[count:].set(0.0)  # no source in the padding's graphs
-    steps = jnp.asarray(budget_for(n) if budget is None else budget)
-    solved = solve_batch(model, x, _padded(graph, rows, size), steps)
+    solved = solve_batch(model, x, _padded(graph, rows, size), jnp.asarray(steps))
     reach, parent, used, converged = jax.device_get(solved)
     return GraphPrediction(reach[:count, :n], parent[:count, :n], used[:count], converged[:count])
+
+
+def _predict_weighted(model, graph, source, weights, budget: int) -> GraphPrediction:
+    """`predict` for the weighted algorithms' models: always over edges, padded to powers of
+    two of graphs, nodes and edges."""
+    dense = None if isinstance(graph, EdgeList) else graph
+    edges = graph if dense is None else edge_list(dense)
+    w = check_weights(edges, weights, dense)
+    (count, width), n = edges.senders.shape, edges.num_nodes
+    rows, size, slots = bucket(count), bucket(n), bucket(width)
+    senders = np.zeros((rows, slots), np.int32)
+    receivers = np.full((rows, slots), size, np.int32)
+    padded_w = np.zeros((rows, slots), np.float32)
+    senders[:count, :width] = edges.senders
+    receivers[:count, :width] = np.where(edges.receivers == n, size, edges.receivers)
+    padded_w[:count, :width] = w
+    anchors = np.zeros((rows, size), bool)
+    anchors[np.arange(count), source] = True
+    inputs = tuple(map(jnp.asarray, (anchors, senders, receivers, padded_w)))
+    parent, steps, converged = jax.device_get(solve_weighted(model, inputs, jnp.asarray(budget)))
+    parent = parent[:count, :n]
+    reachable = (parent != np.arange(n)) | anchors[:count, :n]
+    return GraphPrediction(reachable, parent, steps[:count], converged[:count])

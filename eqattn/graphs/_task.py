@@ -17,10 +17,14 @@ from .. import train
 from ..train import AbstractTask, ConfigError, Headline, apply, progress_bar, run_line, with_shape
 from ._config import GraphConfig
 from ._data import draw, examples, node_scores
+from ._edges import EDGES_PER_NODE
 from ._families import FAMILIES
 from ._model import GraphDEQ, GraphStack
 from ._predict import budget_for
-from ._scores import FAR, distance_lines, distance_table, evaluate_sizes, summary_lines
+from ._scores import FAR, SIZES, distance_lines, distance_table, evaluate_sizes, summary_lines
+from ._weighted import WEIGHTED_FAMILIES, draw_weighted, weighted_examples
+from ._weighted_model import WeightedGraphDEQ, WeightedGraphStack
+from ._weighted_task import WEIGHTED_SIZES, evaluate_weighted, make_weighted_step, weighted_accuracy
 
 VALIDATION_GRAPHS = 192
 """Graphs of the training sizes scored after each epoch (a fixed set), and at the end (another)."""
@@ -47,6 +51,76 @@ def make_train_step(config: GraphConfig, optimizer):
         return *apply(optimizer, model, opt_state, grads), loss, stats, None
 
     return step
+
+
+class _Bfs:
+    """Reachability and BFS parents on unweighted graphs: the propagation models, dense up to
+    `DENSE_UP_TO` nodes."""
+
+    def __init__(self, config: GraphConfig, families: tuple[str, ...]):
+        self.config, self.families = config, families
+
+    def draw(self, rng, count: int, sizes: tuple[int, int]):
+        adjacency, source, real = draw(rng, count, sizes, self.families)
+        return examples(adjacency, source, real, rng)
+
+    def build_model(self, key, dtype):
+        config = self.config
+        if config.model == "deq":
+            solver, adjoint = config.deq_solver(), config.deq_adjoint()
+            ratio = config.mlp_ratio or 2.0
+            return GraphDEQ(
+                config.dim, key=key, mlp_ratio=ratio, solver=solver, adjoint=adjoint, dtype=dtype
+            )
+        return GraphStack(
+            config.width, config.depth, key=key, mlp_ratio=config.mlp_ratio, dtype=dtype
+        )
+
+    def train_step(self, optimizer):
+        return make_train_step(self.config, optimizer)
+
+    def accuracy(self, model, inputs, targets) -> dict[str, float]:
+        return _accuracy(model, inputs, targets)
+
+    def evaluate(self, model, budgets, tick, sizes=SIZES, sweep=True):
+        return evaluate_sizes(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
+
+
+class _Weighted(_Bfs):
+    """Shortest paths or the minimum spanning tree on weighted graphs: the library's
+    `nn.ImplicitGraphAttention` over edge lists."""
+
+    def draw(self, rng, count: int, sizes: tuple[int, int]):
+        g, real = draw_weighted(rng, count, sizes, self.families, EDGES_PER_NODE * sizes[1])
+        return weighted_examples(g, self.config.algorithm, real)
+
+    def build_model(self, key, dtype):
+        config = self.config
+        if config.model == "deq":
+            return WeightedGraphDEQ(
+                config.dim,
+                key=key,
+                solver=config.deq_solver(),
+                adjoint=config.deq_adjoint(),
+                dtype=dtype,
+            )
+        return WeightedGraphStack(config.width, config.depth, key=key, dtype=dtype)
+
+    def train_step(self, optimizer):
+        return make_weighted_step(self.config.training_budget, optimizer)
+
+    def accuracy(self, model, inputs, targets) -> dict[str, float]:
+        return weighted_accuracy(model, inputs, targets, budget_for(targets[2].shape[1]))
+
+    def evaluate(self, model, budgets, tick, sizes=WEIGHTED_SIZES, sweep=True):
+        return evaluate_weighted(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
+
+
+def _algorithm(config: GraphConfig) -> _Bfs:
+    """The algorithm's data, models, loss and evaluation."""
+    if config.algorithm == "bfs":
+        return _Bfs(config, tuple(config.families or FAMILIES))
+    return _Weighted(config, tuple(config.families or WEIGHTED_FAMILIES))
 
 
 class GraphTask(AbstractTask):
@@ -78,52 +152,43 @@ class GraphTask(AbstractTask):
     def __init__(self, config: GraphConfig):
         if jax.process_count() > 1:
             raise ConfigError("the graph task runs in one process")
-        self.families = tuple(config.families or FAMILIES)
+        self.algorithm = _algorithm(config)
+        self.families = self.algorithm.families
         self.config = config
         self.batch, self.steps_per_epoch = config.batch_size, config.epoch_steps
         self.examples = self.batch * self.steps_per_epoch
-
-        def fixed(seed, count, sizes):
-            adjacency, source, real = draw(np.random.default_rng(seed), count, sizes, self.families)
-            return examples(adjacency, source, real, np.random.default_rng(seed))
-
-        self.validation = fixed(1, VALIDATION_GRAPHS, config.graph_sizes)
-        self.test = fixed(2, VALIDATION_GRAPHS, config.graph_sizes)
-        self.larger = fixed(3, 48, (64, 64))
+        draw_fixed = lambda seed, count, sizes: self.algorithm.draw(  # noqa: E731
+            np.random.default_rng(seed), count, sizes
+        )
+        self.validation = draw_fixed(1, VALIDATION_GRAPHS, config.graph_sizes)
+        self.test = draw_fixed(2, VALIDATION_GRAPHS, config.graph_sizes)
+        self.larger = draw_fixed(3, 48, (64, 64))
 
     @classmethod
     def build_model(cls, config, key, *, dtype=None):
         """A [`GraphDEQ`][eqattn.graphs.GraphDEQ], or a [`GraphStack`][eqattn.graphs.GraphStack]
         of `depth` blocks of the explicit `width` and `mlp_ratio`."""
-        if config.model == "deq":
-            solver, adjoint = config.deq_solver(), config.deq_adjoint()
-            ratio = config.mlp_ratio or 2.0
-            return GraphDEQ(
-                config.dim, key=key, mlp_ratio=ratio, solver=solver, adjoint=adjoint, dtype=dtype
-            )
-        config = with_shape(cls.build_model, config)
-        return GraphStack(
-            config.width, config.depth, key=key, mlp_ratio=config.mlp_ratio, dtype=dtype
-        )
+        if config.model == "explicit":
+            config = with_shape(cls.build_model, config)
+        return _algorithm(config).build_model(key, dtype)
 
     def example_batch(self):
         rng = np.random.default_rng(0)
-        adjacency, source, real = draw(rng, self.batch, self.config.graph_sizes, self.families)
-        return examples(adjacency, source, real, rng)
+        return self.algorithm.draw(rng, self.batch, self.config.graph_sizes)
 
     def batches(self, rng, place):
         for _ in range(self.steps_per_epoch):
-            adjacency, source, real = draw(rng, self.batch, self.config.graph_sizes, self.families)
-            yield examples(adjacency, source, real, rng), None
+            yield self.algorithm.draw(rng, self.batch, self.config.graph_sizes), None
 
     @classmethod
     def train_step(cls, config, optimizer):
-        return make_train_step(config, optimizer)
+        return _algorithm(config).train_step(optimizer)
 
     def test_metrics(self, model, final):
-        out = dict(validation_accuracy=_accuracy(model, *self.validation)["accuracy"])
+        accuracy = self.algorithm.accuracy
+        out = dict(validation_accuracy=accuracy(model, *self.validation)["accuracy"])
         if final:
-            test, larger = _accuracy(model, *self.test), _accuracy(model, *self.larger)
+            test, larger = accuracy(model, *self.test), accuracy(model, *self.larger)
             out.update({f"test_{k}": v for k, v in test.items()})
             out["test_accuracy_at_64_nodes"] = larger["accuracy"]
         return out
@@ -135,6 +200,7 @@ class GraphTask(AbstractTask):
             shape = {"depth": m.depth, "width": m.width, "mlp_ratio": m.mlp_ratio}
         return dict(
             model_shape=shape,
+            algorithm=m.algorithm,
             graph_sizes=list(self.config.graph_sizes),
             families=list(self.families),
             train_graphs=steps * self.batch,
@@ -148,9 +214,10 @@ class GraphTask(AbstractTask):
     @classmethod
     def evaluate(cls, model, config, header, budgets, progress):
         with progress_bar(None, "evaluate", progress, "size") as bar:
-            rows = evaluate_sizes(model, config, budgets, tick=bar.update)
+            rows = _algorithm(config).evaluate(model, budgets, bar.update)
         return {
             "model": config.model,
+            "algorithm": config.algorithm,
             "trained_epochs": header.get("epoch"),
             "budget_rule": "2 n + 8",
             "sizes": rows,
@@ -178,7 +245,7 @@ class GraphTask(AbstractTask):
         tables = {}
         for model, run in runs.items():
             loaded = train.load_model(Path(run), cls)
-            rows = evaluate_sizes(loaded.model, loaded.config, None, sizes=FAR, sweep=False)
+            rows = _algorithm(loaded.config).evaluate(loaded.model, None, None, FAR, sweep=False)
             tables[model] = distance_table(rows)
         low, high = loaded.config.graph_sizes
         sizes = " and ".join(map(str, FAR))

@@ -6,6 +6,10 @@ from ._deq_block import DEQBlock as DEQBlock
 from ._embedding import TokenEmbedding as TokenEmbedding
 from ._energy import EnergyAttention as EnergyAttention
 from ._generate import extend as extend, prefill as prefill
+from ._graph import (
+    GraphAttentionStep as GraphAttentionStep,
+    ImplicitGraphAttention as ImplicitGraphAttention,
+)
 from ._hopfield import Hopfield as Hopfield
 from ._hopfield_options import HopfieldOptions as HopfieldOptions
 from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as HopfieldPooling

@@ -1,0 +1,130 @@
+r"""The models of the weighted algorithms (shortest paths, spanning trees): the library's
+[`eqattn.nn.ImplicitGraphAttention`][] with the source as its anchor and each edge's weight as
+its feature, and its explicit twin, untied [`eqattn.nn.GraphAttentionStep`][]s. A node's parent
+is read from the edges' scores at the solved states: its best incoming edge's sender, or itself
+for the source and a node no reached node sends to."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
+
+from .. import nn
+from .._solve import JacobianFree, Picard
+from ..nn import Prediction
+from ._edges import choose_parent
+
+WeightedInputs = tuple[
+    Bool[ArrayLike, " n"], Int[ArrayLike, " E"], Int[ArrayLike, " E"], Float[ArrayLike, " E"]
+]
+"""One graph: which node is the source `[n]`, then each directed edge's sender, receiver (`n`:
+padding) and weight `[E]`."""
+
+
+def read_out(scores: Float[Array, " E"], anchors, receivers) -> tuple[Array, Array]:
+    """`(edge scores [E], own scores [n])`: a node's candidate parents are its incoming edges'
+    senders (an edge into the source is never one) and itself, which wins (score 0 against
+    -inf) for the source and a node without a scored incoming edge."""
+    n = anchors.shape[0]
+    into_anchor = anchors.at[receivers].get(mode="fill", fill_value=False)
+    scores = jnp.where(into_anchor, -jnp.inf, scores)
+    live = jnp.isfinite(scores).astype(jnp.int32)
+    has = jax.ops.segment_max(live, receivers, num_segments=n) > 0
+    return scores, jnp.where(has, -jnp.inf, 0.0).astype(scores.dtype)
+
+
+def _node_features(anchors, dtype) -> Float[Array, "n 1"]:
+    return jnp.ones((anchors.shape[0], 1), dtype)
+
+
+class WeightedGraphDEQ(eqx.Module):
+    """The weighted algorithms' DEQ: one [`eqattn.nn.ImplicitGraphAttention`][] (its state
+    `width` channels, half of them bottleneck channels), the source its anchor, the weights its
+    edge features. `model.predict((anchors, senders, receivers, weights), budget=...)` gives
+    the parent scores `(each edge's [E], each node's own [n])`.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp
+    from eqattn import graphs
+
+    model = graphs.WeightedGraphDEQ(4, key=jax.random.key(0))
+    g = graphs.sample_weighted("delaunay", 8, 1, seed=0)
+    anchors = jnp.arange(8) == g.source[0]
+    x = (anchors, g.edges.senders[0], g.edges.receivers[0], g.weights[0])
+    edge_scores, own = model.predict(x, budget=24).logits
+    assert edge_scores.shape == g.weights[0].shape and own.shape == (8,)
+    ```
+    """
+
+    layer: nn.ImplicitGraphAttention
+
+    def __init__(self, width: int, *, key: PRNGKeyArray, solver=None, adjoint=None, dtype=None):
+        solver = solver or Picard(rtol=1e-4, atol=1e-6, max_steps=4096)
+        self.layer = nn.ImplicitGraphAttention(
+            width, 1, 1, key=key, solver=solver, adjoint=adjoint or JacobianFree(), dtype=dtype
+        )
+
+    def predict(self, x: WeightedInputs, *, budget=None, key=None, z0=None) -> Prediction:
+        anchors, senders, receivers, weights = map(jnp.asarray, x)
+        edges = weights[:, None]
+        features = _node_features(anchors, weights.dtype)
+        (z, reached), eq = self.layer.forward(
+            features, anchors, senders, receivers, edges, z0=z0, budget=budget
+        )
+        scores = self.layer.scores(z, reached, senders, edges)
+        logits = read_out(scores, anchors, receivers)
+        return Prediction(logits, eq.steps, eq.relative_residual, eq.converged, eq.value)
+
+
+class WeightedGraphStack(eqx.Module):
+    """The explicit twin: the source's code, then `depth` untied
+    [`eqattn.nn.GraphAttentionStep`][]s applied once each (a node hears of the source only
+    within `depth` edges), the parents read from the last one's scores.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp
+    from eqattn import graphs
+
+    model = graphs.WeightedGraphStack(2, 16, key=jax.random.key(0))
+    g = graphs.sample_weighted("path", 8, 1, seed=0)
+    x = (jnp.arange(8) == g.source[0], g.edges.senders[0], g.edges.receivers[0], g.weights[0])
+    edge_scores, own = model.predict(x).logits
+    assert own.shape == (8,)
+    ```
+    """
+
+    code: eqx.nn.Linear
+    blocks: tuple[nn.GraphAttentionStep, ...]
+
+    def __init__(self, width: int, depth: int, *, key: PRNGKeyArray, dtype=None):
+        kc, kb = jax.random.split(key)
+        self.code = eqx.nn.Linear(1, width, key=kc, dtype=dtype)
+        self.blocks = tuple(
+            nn.GraphAttentionStep(width, 1, key=k, dtype=dtype) for k in jax.random.split(kb, depth)
+        )
+
+    def predict(self, x: WeightedInputs, *, budget=None, key=None, z0=None) -> Prediction:
+        anchors, senders, receivers, weights = map(jnp.asarray, x)
+        edges = weights[:, None]
+        code = jax.vmap(self.code)(_node_features(anchors, weights.dtype))
+        pin = anchors[:, None]
+        z, flag = jnp.where(pin, code, 0.0), anchors.astype(weights.dtype)
+        for block in self.blocks:
+            z, flag = block(z, flag, senders, receivers, edges)
+            z, flag = jnp.where(pin, code, z), jnp.where(anchors, 1.0, flag)
+        logits = read_out(self.blocks[-1].scores(z, flag, senders, edges), anchors, receivers)
+        return Prediction(logits, jnp.array(0), jnp.array(0.0, z.dtype), jnp.array(True), None)
+
+
+@eqx.filter_jit
+def solve_weighted(model, inputs, budget):
+    """Each node's parent, each solve's steps and convergence, for a batch."""
+    p = jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
+    parent = jax.vmap(choose_parent)(*p.logits, *inputs[1:3])
+    return parent, p.steps, p.converged

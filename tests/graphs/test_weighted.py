@@ -1,0 +1,165 @@
+"""The weighted algorithms: the families, the targets against float64 numpy references written
+here (Bellman-Ford, Prim), `graphs.predict` with weights (an exact model against Dijkstra's
+parents at 4096 nodes; dense and edge lists alike), its refusals, and one optimizer step."""
+
+import heapq
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from eqattn import Picard, graphs
+from eqattn.graphs._weighted import edge_targets, mst_parents, weighted_examples
+
+from ..checks import unchecked
+
+
+def _lists(g, b):
+    s, r, n = g.edges
+    real = r[b] < n
+    return s[b][real], r[b][real], g.weights[b][real].astype(np.float64), n
+
+
+def _bellman_ford(s, r, w, source, n):
+    d = np.full(n, np.inf)
+    d[source] = 0.0
+    for _ in range(n):
+        d = np.minimum(d, np.full(n, np.inf))
+        np.minimum.at(d, r, d[s] + w)
+    return d
+
+
+def _prim(s, r, w, source, n):
+    parent, done = np.arange(n), np.zeros(n, bool)
+    heap = [(0.0, source, source)]
+    while heap:
+        _, u, p = heapq.heappop(heap)
+        if done[u]:
+            continue
+        done[u], parent[u] = True, p
+        for e in np.flatnonzero(s == u):
+            if not done[r[e]]:
+                heapq.heappush(heap, (w[e], r[e], u))
+    return parent
+
+
+@pytest.mark.parametrize("family", graphs.WEIGHTED_FAMILIES)
+def test_families_and_targets(family):
+    g = graphs.sample_weighted(family, 24, 3, seed=7)
+    again = graphs.sample_weighted(family, 24, 3, seed=7)
+    assert all((a == b).all() for a, b in zip(g.edges[:2], again.edges[:2]))
+    edge_ok, self_ok = edge_targets(g, "shortest-paths")
+    mst_ok, mst_self = edge_targets(g, "mst")
+    prim = mst_parents(g)
+    for b in range(3):
+        s, r, w, n = _lists(g, b)
+        both = dict(zip(zip(s.tolist(), r.tolist()), w.tolist()))
+        assert all(both[(j, i)] == x for (i, j), x in both.items())  # undirected
+        assert (w > 0).all() and (family in ("geometric", "delaunay") or (w <= 1).all())
+        d = _bellman_ford(s, r, w, g.source[b], n)
+        with np.errstate(invalid="ignore"):  # inf - inf on edges nothing reaches
+            tight = np.isfinite(d[r]) & (np.abs(d[s] + w - d[r]) <= 1e-9) & (r != g.source[b])
+        real = g.edges.receivers[b] < n
+        assert (edge_ok[b][real] == tight).all()
+        assert (self_ok[b] == (~np.isfinite(d) | (np.arange(n) == g.source[b]))).all()
+        assert (prim[b] == _prim(s, r, w, g.source[b], n)).all()
+        chosen = prim[b][r] == s
+        assert (mst_ok[b][real] == chosen).all()
+        assert (mst_self[b] == (prim[b] == np.arange(n))).all()
+
+
+def _exact_model():
+    """A weighted DEQ whose one shift channel adds the weight and whose scores read minus it:
+    soft Bellman-Ford at beta 1e5 (float32), the bottleneck channels unread. Its solve stops at
+    rtol 1e-6: the stopping test is on the whole state's norm, and at 1e-4 two far nodes of
+    4096 were still moving when it stopped (their parents then off by 1e-4)."""
+    model = graphs.WeightedGraphDEQ(
+        2, key=jax.random.key(0), solver=Picard(rtol=1e-6, atol=1e-6, max_steps=4096)
+    )
+    cell = model.layer.cell
+    return eqx.tree_at(
+        lambda m: (m.layer.cell.shift, m.layer.cell.query, m.layer.cell.log_beta),
+        model,
+        (jnp.ones_like(cell.shift), jnp.array([-1.0, 0.0]), jnp.log(jnp.float32(1e5))),
+    )
+
+
+def _share_right(out, g, algorithm):
+    (inputs, targets) = weighted_examples(g, algorithm)
+    from eqattn.graphs._weighted_task import right_parents
+
+    return right_parents(out.parent, inputs, targets).mean()
+
+
+@pytest.mark.float32
+def test_predict_with_weights_on_4096_nodes():
+    model = _exact_model()
+    g = graphs.sample_weighted("delaunay", 4096, 1, seed=3)
+    out = graphs.predict(model, g.edges, g.source, weights=g.weights)
+    assert out.converged.all() and out.reachable.all()
+    assert _share_right(out, g, "shortest-paths") == 1.0
+
+
+@pytest.mark.float32
+def test_predict_dense_equals_edges():
+    model = graphs.WeightedGraphDEQ(6, key=jax.random.key(1))  # untrained: any map
+    g = graphs.sample_weighted("geometric", 30, 2, seed=4)
+    s, r, n = g.edges
+    adjacency = np.zeros((2, n, n), bool)
+    weights = np.zeros((2, n, n), np.float32)
+    for b in range(2):
+        real = r[b] < n
+        adjacency[b, r[b][real], s[b][real]] = True
+        weights[b, r[b][real], s[b][real]] = g.weights[b][real]
+    dense = graphs.predict(model, adjacency, g.source, weights=weights)
+    edges = graphs.predict(model, g.edges, g.source, weights=g.weights)
+    assert (dense.parent == edges.parent).all() and (dense.steps == edges.steps).all()
+
+
+@pytest.mark.float32
+def test_predict_refusals():
+    weighted = graphs.WeightedGraphDEQ(4, key=jax.random.key(0))
+    bfs = graphs.GraphDEQ(8, key=jax.random.key(0))
+    g = graphs.sample("path", 4, 1, seed=0)
+    w = g.adjacency.astype(np.float32)
+    cases = [
+        (weighted, g.adjacency, None, "`weights` is required"),
+        (bfs, g.adjacency, w, "`weights` is for the weighted"),
+        (weighted, g.adjacency, np.triu(w), "`weights` must be 0 where|symmetric"),
+        (weighted, g.adjacency, -w, "finite and non-negative"),
+        (weighted, g.adjacency, np.where(w > 0, np.inf, 0), "finite and non-negative"),
+        (weighted, g.adjacency, w + np.eye(4, dtype=np.float32), "0 where the adjacency"),
+        (weighted, g.adjacency, w[:, :3], "the adjacency's shape"),
+    ]
+    for model, graph, weights, match in cases:
+        with unchecked(), pytest.raises(ValueError, match=match):
+            graphs.predict(model, graph, g.source, weights=weights)
+    e = graphs.edge_list(g.adjacency, edges=8)
+    on_padding = np.ones((1, 8), np.float32)
+    one_way = np.where(e.receivers < 4, np.arange(8, dtype=np.float32) + 1, 0)
+    for weights, match in ((on_padding, "padding edges"), (one_way, "equal both ways")):
+        with pytest.raises(ValueError, match=match):
+            graphs.predict(weighted, e, g.source, weights=weights)
+
+
+def test_config_refuses_weighted_families_for_bfs():
+    with pytest.raises(ValueError, match="drawn with weights"):
+        graphs.GraphConfig(families=("delaunay",))
+    assert graphs.GraphConfig(algorithm="mst", families=("delaunay",)).dim == 22
+
+
+@pytest.mark.float32
+def test_one_training_step():
+    task = graphs.GraphTask(graphs.GraphConfig(algorithm="shortest-paths", batch_size=4))
+    inputs, targets = task.example_batch()
+    model = task.build_model(task.config, jax.random.key(0))
+    optimizer = optax.adam(1e-2)
+    step = graphs.GraphTask.train_step(task.config, optimizer)
+    state = optimizer.init(eqx.filter(model, eqx.is_array))
+    data = tuple(map(jnp.asarray, inputs)), tuple(map(jnp.asarray, targets))
+    new, _, loss, stats, _ = eqx.filter_jit(step)(model, state, *data, None, None)
+    assert np.isfinite(float(loss)) and 0 <= float(stats[0]) <= 1
+    assert not np.allclose(new.layer.cell.query, model.layer.cell.query)
