@@ -41,13 +41,22 @@ SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
 STARTS = 3
 
 
+WEIGHTED = ("shortest-paths", "mst")
+"""The weighted algorithms run beside BFS (`--quick`: the shortest paths' DEQ alone)."""
+
+
 def _runs(quick: bool) -> list[tuple[str, str, dict, int]]:
-    """(case, model, settings, seed) of every training run."""
-    return [
-        (f"{model} propagation", model, {}, seed)
-        for seed in ((0,) if quick else SEEDS)
-        for model in ("deq", "explicit")
+    """(case, model, settings, seed) of every training run: BFS (the propagation block's case),
+    then each weighted algorithm (`nn.ImplicitGraphAttention`)."""
+    seeds = (0,) if quick else SEEDS
+    bfs = [(f"{m} propagation", m, {}, seed) for seed in seeds for m in ("deq", "explicit")]
+    weighted = [
+        (f"{m} {algorithm}", m, {"algorithm": algorithm}, seed)
+        for algorithm in WEIGHTED
+        for seed in seeds
+        for m in ("deq", "explicit")
     ]
+    return bfs + (weighted[:1] if quick else weighted)
 
 
 def _train(model: str, settings: dict, seed: int, out: Path, quick: bool) -> dict:
@@ -128,6 +137,39 @@ def _evaluate(out: Path, sizes: dict[int, int] | None) -> dict:
     return {"sizes": rows, "by_distance": graphs.distance_table(rows)}
 
 
+def _weighted_dynamics(model, algorithm: str, sizes: dict[int, int]) -> list[dict]:
+    """Per family and size (up to 256 nodes): the share of valid parents at the budget rule and
+    at four times it with the stopping test off, solver steps and hops from the source."""
+    from eqattn.graphs._weighted import weighted_examples
+    from eqattn.graphs._weighted_task import hops, right_parents
+
+    unstopped = eqx.tree_at(
+        lambda m: m.layer.solver, model, Picard(rtol=0.0, atol=1e-30, max_steps=4096)
+    )
+    rows = []
+    for n, count in sizes.items():
+        if n > 256:
+            continue
+        for family in graphs.WEIGHTED_FAMILIES:
+            g = graphs.sample_weighted(family, n, count, seed=2000 + n)
+            inputs, targets = weighted_examples(g, algorithm)
+            rule = graphs.budget_for(n)
+            rule_out = graphs.predict(model, g.edges, g.source, weights=g.weights, budget=rule)
+            long = graphs.predict(unstopped, g.edges, g.source, weights=g.weights, budget=4 * rule)
+            rows.append(
+                dict(
+                    family=family,
+                    n=n,
+                    depth=hops(g).max(-1).tolist(),
+                    steps=rule_out.steps.tolist(),
+                    converged=float(rule_out.converged.mean()),
+                    accuracy=float(right_parents(rule_out.parent, inputs, targets).mean()),
+                    accuracy_4x_unstopped=float(right_parents(long.parent, inputs, targets).mean()),
+                )
+            )
+    return rows
+
+
 def _size_rows(evaluation: dict) -> dict[str, float]:
     return {f"{r['family']}@{r['n']}": r["at_rule"]["accuracy"] for r in evaluation["sizes"]}
 
@@ -154,8 +196,14 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
                 by_distance=evaluation["by_distance"],
             )
             rows.append(row)
-            if model == "deq" and settings == {}:
-                dynamics = _dynamics(graphs.load_model(out), sizes)
+            if model == "deq":
+                loaded = graphs.load_model(out)
+                algorithm = settings.get("algorithm")
+                dynamics = (
+                    _weighted_dynamics(loaded, algorithm, sizes)
+                    if algorithm
+                    else _dynamics(loaded, sizes)
+                )
                 rows += [dict(part="dynamics", case=case, seed=seed, **d) for d in dynamics]
     _print(rows)
     return rows, {"sizes": sizes, "seeds": [0] if quick else list(SEEDS), "starts": STARTS}
@@ -177,15 +225,15 @@ def _print(rows) -> None:
         table = [{"at": k, "acc": _median([r["accuracy"][k] for r in runs])} for k in keys]
         print_table(table, [("at", "family@nodes", "s"), ("acc", "median", ".4f")])
     dyn = [r for r in rows if r["part"] == "dynamics"]
-    print("\nDEQ dynamics (seed 0): steps - depth, 4x unstopped, random starts")
+    print("\nDEQ dynamics (seed 0): steps - depth, 4x unstopped, random starts (BFS)")
     print_table(
         [
             dict(
                 at=f"{r['family']}@{r['n']}",
                 extra=max(s - d for s, d in zip(r["steps"], r["depth"])),
                 long=r["accuracy_4x_unstopped"],
-                agree=r["agreement_random_starts"],
-                align=r["asymptotic_alignment"],
+                agree=r.get("agreement_random_starts", float("nan")),
+                align=r.get("asymptotic_alignment", float("nan")),
             )
             for r in dyn
             if r["seed"] == 0
@@ -208,11 +256,15 @@ def _cell(values) -> str:
     return f"{100 * mid:.2f}% ({100 * low:.2f}-{100 * high:.2f})"
 
 
-def table(payload) -> str:
-    """The graphs results file as Markdown: accuracy per family and size by case (median over
-    the seeds, min-max), accuracy by distance, and the DEQ's dynamics."""
-    rows = payload["rows"]
-    cases = _cases(rows)
+def _groups(cases: dict) -> dict[str, dict]:
+    """The cases by algorithm ("propagation": BFS), in order."""
+    out: dict[str, dict] = {}
+    for case, runs in cases.items():
+        out.setdefault(case.split(" ", 1)[1], {})[case] = runs
+    return out
+
+
+def _accuracy_tables(cases: dict) -> str:
     keys = list(next(iter(cases.values()))[0]["accuracy"])
     header = [
         "family @ nodes",
@@ -231,7 +283,16 @@ def table(payload) -> str:
         ]
         for b in buckets
     ]
-    out += "\n\n" + markdown_table(["distance from the source", *header[1:]], body)
+    return out + "\n\n" + markdown_table(["distance from the source", *header[1:]], body)
+
+
+def table(payload) -> str:
+    """The graphs results file as Markdown: per algorithm, accuracy per family and size by case
+    (median over the seeds, min-max) and by distance from the source (hops); the runs' sizes
+    and times; the DEQs' dynamics."""
+    rows = payload["rows"]
+    cases = _cases(rows)
+    out = "\n\n".join(_accuracy_tables(group) for group in _groups(cases).values())
     body = [
         [c, f"{_median([r['params'] for r in rs]):,.0f}", f"{_median([r['train_time_s'] for r in rs]):.1f}",
          f"{_median([r['evaluate_s'] for r in rs]):.1f}", f"{_median([r['step_temp_mb'] for r in rs]):.2f}"]
@@ -243,19 +304,21 @@ def table(payload) -> str:
     dyn = [r for r in rows if r["part"] == "dynamics"]
     if dyn:
         body = []
-        for key in dict.fromkeys(f"{r['family']}@{r['n']}" for r in dyn):
-            rs = [r for r in dyn if f"{r['family']}@{r['n']}" == key]
+        for key in dict.fromkeys((r["case"], f"{r['family']}@{r['n']}") for r in dyn):
+            rs = [r for r in dyn if (r["case"], f"{r['family']}@{r['n']}") == key]
             extra = max(max(s - d for s, d in zip(r["steps"], r["depth"])) for r in rs)
+            bfs = "agreement_random_starts" in rs[0]
             body.append(
-                [key, f"{_median([max(r['depth']) for r in rs]):.0f}", f"{extra}",
+                [key[0], key[1], f"{_median([max(r['depth']) for r in rs]):.0f}", f"{extra}",
                  _cell([r["accuracy_4x_unstopped"] for r in rs]),
-                 _cell([r["agreement_random_starts"] for r in rs]),
-                 f"{min(r['asymptotic_alignment'] for r in rs):.3f}"]
+                 _cell([r["agreement_random_starts"] for r in rs]) if bfs else "-",
+                 f"{min(r['asymptotic_alignment'] for r in rs):.3f}" if bfs else "-"]
             )  # fmt: skip
         out += "\n\n" + markdown_table(
             [
-                "DEQ: family @ nodes",
-                "max depth",
+                "DEQ",
+                "family @ nodes",
+                "max depth (hops)",
                 "max steps - depth",
                 "4x budget, no stop",
                 "random starts agree",

@@ -41,9 +41,13 @@ from ._predict import (
     features as features,
     predict as predict,
 )
-from ._scores import distance_table as distance_table, evaluate_sizes as evaluate_sizes
+from ._scores import distance_table as distance_table
 from ._shortest import soft_shortest_paths as soft_shortest_paths
-from ._task import GraphTask as GraphTask, load_model as load_model
+from ._task import (
+    GraphTask as GraphTask,
+    evaluate_sizes as evaluate_sizes,
+    load_model as load_model,
+)
 from ._weighted import (
     ALGORITHMS as ALGORITHMS,
     WEIGHTED_FAMILIES as WEIGHTED_FAMILIES,

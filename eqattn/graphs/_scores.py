@@ -64,7 +64,7 @@ FAR = {256: 2, 1024: 1}
 and grids at 1024): 16 to 64 times the training graphs' size."""
 
 
-def evaluate_sizes(
+def evaluate_bfs(
     model, config, budgets: list[int] | None, tick=None, sizes=SIZES, sweep: bool = True
 ) -> list[dict[str, Any]]:
     """One row per family and size (`sizes`: nodes and graphs per family): the graphs' largest

@@ -21,7 +21,7 @@ from ._edges import EDGES_PER_NODE
 from ._families import FAMILIES
 from ._model import GraphDEQ, GraphStack
 from ._predict import budget_for
-from ._scores import FAR, SIZES, distance_lines, distance_table, evaluate_sizes, summary_lines
+from ._scores import FAR, SIZES, distance_lines, distance_table, evaluate_bfs, summary_lines
 from ._weighted import WEIGHTED_FAMILIES, draw_weighted, weighted_examples
 from ._weighted_model import WeightedGraphDEQ, WeightedGraphStack
 from ._weighted_task import WEIGHTED_SIZES, evaluate_weighted, make_weighted_step, weighted_accuracy
@@ -83,7 +83,7 @@ class _Bfs:
         return _accuracy(model, inputs, targets)
 
     def evaluate(self, model, budgets, tick, sizes=SIZES, sweep=True):
-        return evaluate_sizes(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
+        return evaluate_bfs(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
 
 
 class _Weighted(_Bfs):
@@ -121,6 +121,19 @@ def _algorithm(config: GraphConfig) -> _Bfs:
     if config.algorithm == "bfs":
         return _Bfs(config, tuple(config.families or FAMILIES))
     return _Weighted(config, tuple(config.families or WEIGHTED_FAMILIES))
+
+
+def evaluate_sizes(
+    model, config: GraphConfig, budgets=None, *, tick=None, sizes=None, sweep: bool = True
+) -> list[dict[str, Any]]:
+    """One row per family and size for a model of `config`'s algorithm: the scores at the
+    budget rule (`budget_for`), against the budget (a DEQ, with `sweep`: `budgets`, else
+    multiples of the rule) and by distance from the source (hops, for the weighted
+    algorithms). `sizes`: nodes and graphs per family (default the evaluation's)."""
+    algorithm = _algorithm(config)
+    if sizes is None:
+        return algorithm.evaluate(model, budgets, tick, sweep=sweep)
+    return algorithm.evaluate(model, budgets, tick, sizes, sweep)
 
 
 class GraphTask(AbstractTask):
