@@ -66,7 +66,8 @@ def _cmd_train(a) -> None:
         raise ConfigError("`resume` and `overwrite` exclude each other")
     task = TASKS[a.task or DEFAULT_TASK]
     model = a.model or "both"
-    out = Path(a.out or f"runs/{task.name}" + ("" if model == "both" else f"/{model}"))
+    folder = f"runs/{task.run_folder(_given_settings(a, task))}"
+    out = Path(a.out or folder + ("" if model == "both" else f"/{model}"))
     runs = _resume(a, task, out) if a.resume else _train_new(a, task, model, out)
     import jax
 

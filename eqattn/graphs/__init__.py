@@ -58,6 +58,7 @@ from ._weighted_model import (
     WeightedGraphDEQ as WeightedGraphDEQ,
     WeightedGraphStack as WeightedGraphStack,
 )
+from ._weighted_task import hops as hops, score_parents as score_parents
 
 __all__ = [
     "ALGORITHMS",
@@ -83,10 +84,12 @@ __all__ = [
     "choose_parent",
     "edge_list",
     "features",
+    "hops",
     "load_model",
     "predict",
     "sample",
     "sample_weighted",
+    "score_parents",
     "soft_shortest_paths",
     "valid_parents",
 ]

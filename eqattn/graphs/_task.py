@@ -194,6 +194,12 @@ class GraphTask(AbstractTask):
             yield self.algorithm.draw(rng, self.batch, self.config.graph_sizes), None
 
     @classmethod
+    def run_folder(cls, settings):
+        """`graphs`, or `graphs/ALGORITHM` for the weighted algorithms."""
+        algorithm = settings.get("algorithm", "bfs")
+        return cls.name if algorithm == "bfs" else f"{cls.name}/{algorithm}"
+
+    @classmethod
     def train_step(cls, config, optimizer):
         return _algorithm(config).train_step(optimizer)
 

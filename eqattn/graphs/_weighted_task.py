@@ -94,8 +94,38 @@ def weighted_accuracy(model, inputs, targets, budget: int) -> dict[str, float]:
     )
 
 
+def score_parents(g: WeightedGraphs, parent, algorithm: str) -> np.ndarray:
+    """Per node `[B, n]`: whether `parent [B, n]` (e.g. `graphs.predict(...).parent`) is a
+    valid one for `algorithm` on the graphs `g` (the references: scipy's Dijkstra, any parent
+    on a shortest path; its minimum spanning tree rooted at the source).
+
+    **Example:**
+
+    ```python
+    import numpy as np
+    from eqattn import graphs
+
+    g = graphs.sample_weighted("path", 5, 1, seed=0)
+    itself = np.arange(5)[None]  # every node its own parent: right for the source alone
+    assert graphs.score_parents(g, itself, "shortest-paths").sum() == 1
+    ```
+    """
+    inputs, targets = weighted_examples(g, algorithm)
+    return right_parents(np.asarray(parent), inputs, targets)
+
+
 def hops(g: WeightedGraphs) -> np.ndarray:
-    """Edges from each graph's source `[B, n]` (-1 where unreachable)."""
+    """Edges from each graph's source `[B, n]` (-1 where unreachable).
+
+    **Example:**
+
+    ```python
+    from eqattn import graphs
+
+    g = graphs.sample_weighted("path", 5, 1, seed=0)
+    assert sorted(graphs.hops(g)[0].tolist())[-1] >= 2  # a path of 5 nodes: 2 to 4 edges deep
+    ```
+    """
     s, r, n = g.edges
     out = []
     for b in range(len(g.source)):

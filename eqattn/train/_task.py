@@ -87,6 +87,12 @@ class AbstractTask(abc.ABC):
         """The run's name on the progress bar, after the model's."""
         return self.name
 
+    @classmethod
+    def run_folder(cls, settings: dict[str, Any]) -> str:
+        """The command's default folder for a run under `runs/`, from the settings given (by
+        name): the task's name."""
+        return cls.name
+
     @property
     def warm_start(self) -> bool:
         """Whether each training example's solve starts from its previous fixed point."""

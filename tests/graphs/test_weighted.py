@@ -163,3 +163,8 @@ def test_one_training_step():
     new, _, loss, stats, _ = eqx.filter_jit(step)(model, state, *data, None, None)
     assert np.isfinite(float(loss)) and 0 <= float(stats[0]) <= 1
     assert not np.allclose(new.layer.cell.query, model.layer.cell.query)
+
+
+def test_runs_of_the_weighted_algorithms_have_their_own_folder():
+    assert graphs.GraphTask.run_folder({}) == "graphs"
+    assert graphs.GraphTask.run_folder({"algorithm": "mst"}) == "graphs/mst"
