@@ -126,9 +126,11 @@ def distance_lines(by_model: dict[str, dict[str, list[int]]]) -> list[str]:
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """The lines of a graphs run's evaluation (what `eqattn evaluate` prints)."""
     deq = result["model"] == "deq"
+    algorithm = result.get("algorithm", "bfs")
+    what = "reachability, the parent and both right" if algorithm == "bfs" else "a valid parent"
     lines = [
-        f"graphs ({result['model']} model): reachability, the parent and both right, per family "
-        f"and size" + (f", at the solver budget rule {result['budget_rule']}" if deq else ""),
+        f"graphs ({result['model']} model, {algorithm}): {what}, per family and size"
+        + (f", at the solver budget rule {result['budget_rule']}" if deq else ""),
         "family        nodes  graphs  max dist  budget  steps  converged  reachable  parent     both",
     ]
     deq = result["model"] == "deq"
@@ -149,5 +151,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             lines.append(
                 "    against the budget: " + ", ".join(cells) + (" (all converged)" if done else "")
             )
-    lines.append("by distance from the source (every family and size): both answers right")
+    lines.append(
+        "by distance from the source (every family and size): both answers right"
+        if algorithm == "bfs"
+        else "by hops from the source (every family and size): a valid parent"
+    )
     return lines + distance_lines({result["model"]: result["by_distance"]})

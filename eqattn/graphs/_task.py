@@ -64,6 +64,11 @@ class _Bfs:
         adjacency, source, real = draw(rng, count, sizes, self.families)
         return examples(adjacency, source, real, rng)
 
+    def fixed(self, seed: int, count: int, sizes: tuple[int, int]):
+        """A fixed set of examples (the graphs and the identity vectors each from `seed`)."""
+        adjacency, source, real = draw(np.random.default_rng(seed), count, sizes, self.families)
+        return examples(adjacency, source, real, np.random.default_rng(seed))
+
     def build_model(self, key, dtype):
         config = self.config
         if config.model == "deq":
@@ -93,6 +98,9 @@ class _Weighted(_Bfs):
     def draw(self, rng, count: int, sizes: tuple[int, int]):
         g, real = draw_weighted(rng, count, sizes, self.families, EDGES_PER_NODE * sizes[1])
         return weighted_examples(g, self.config.algorithm, real)
+
+    def fixed(self, seed: int, count: int, sizes: tuple[int, int]):
+        return self.draw(np.random.default_rng(seed), count, sizes)
 
     def build_model(self, key, dtype):
         config = self.config
@@ -170,12 +178,9 @@ class GraphTask(AbstractTask):
         self.config = config
         self.batch, self.steps_per_epoch = config.batch_size, config.epoch_steps
         self.examples = self.batch * self.steps_per_epoch
-        draw_fixed = lambda seed, count, sizes: self.algorithm.draw(  # noqa: E731
-            np.random.default_rng(seed), count, sizes
-        )
-        self.validation = draw_fixed(1, VALIDATION_GRAPHS, config.graph_sizes)
-        self.test = draw_fixed(2, VALIDATION_GRAPHS, config.graph_sizes)
-        self.larger = draw_fixed(3, 48, (64, 64))
+        self.validation = self.algorithm.fixed(1, VALIDATION_GRAPHS, config.graph_sizes)
+        self.test = self.algorithm.fixed(2, VALIDATION_GRAPHS, config.graph_sizes)
+        self.larger = self.algorithm.fixed(3, 48, (64, 64))
 
     @classmethod
     def build_model(cls, config, key, *, dtype=None):
