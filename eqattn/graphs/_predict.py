@@ -163,12 +163,9 @@ def _predict_weighted(model, graph, source, weights, budget: int) -> GraphPredic
     edges = graph if dense is None else edge_list(dense)
     w = check_weights(edges, weights, dense)
     (count, width), n = edges.senders.shape, edges.num_nodes
-    rows, size, slots = bucket(count), bucket(n), bucket(width)
-    senders = np.zeros((rows, slots), np.int32)
-    receivers = np.full((rows, slots), size, np.int32)
-    padded_w = np.zeros((rows, slots), np.float32)
-    senders[:count, :width] = edges.senders
-    receivers[:count, :width] = np.where(edges.receivers == n, size, edges.receivers)
+    rows, size = bucket(count), bucket(n)
+    senders, receivers = _padded(edges, rows, size)
+    padded_w = np.zeros(senders.shape, np.float32)
     padded_w[:count, :width] = w
     anchors = np.zeros((rows, size), bool)
     anchors[np.arange(count), source] = True

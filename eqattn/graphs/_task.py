@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import train
-from ..train import AbstractTask, ConfigError, Headline, apply, progress_bar, run_line, with_shape
+from ..train import AbstractTask, ConfigError, Headline, progress_bar, run_line, with_shape
 from ._config import GraphConfig
 from ._data import draw, examples, node_scores
 from ._edges import EDGES_PER_NODE
@@ -24,33 +24,27 @@ from ._predict import budget_for
 from ._scores import FAR, SIZES, distance_lines, distance_table, evaluate_bfs, summary_lines
 from ._weighted import WEIGHTED_FAMILIES, draw_weighted, weighted_examples
 from ._weighted_model import WeightedGraphDEQ, WeightedGraphStack
-from ._weighted_task import WEIGHTED_SIZES, evaluate_weighted, make_weighted_step, weighted_accuracy
+from ._weighted_task import (
+    WEIGHTED_SIZES,
+    evaluate_weighted,
+    make_step,
+    parent_scores,
+    weighted_accuracy,
+)
 
 VALIDATION_GRAPHS = 192
 """Graphs of the training sizes scored after each epoch (a fixed set), and at the end (another)."""
 
 
 def make_train_step(config: GraphConfig, optimizer):
-    """The graphs' optimizer step (`Step`); `stats` = (share of nodes with both answers right,
+    """The BFS optimizer step (`Step`); `stats` = (share of nodes with both answers right,
     mean solver steps, mean relative residual, share converged)."""
 
-    def loss_fn(model, inputs, targets):
-        p = jax.vmap(lambda x: model.predict(x, budget=config.training_budget))(inputs)
-        loss, right_reach, right_parent = node_scores(p.logits, inputs, targets)
-        real = targets[2].astype(loss.dtype)
-        nodes = jnp.sum(real)
-        accuracy = jnp.sum((right_reach & right_parent) * real) / nodes
-        stats = (accuracy, p.steps.mean(), p.residual.mean(), p.converged.mean())
-        return jnp.sum(loss * real) / nodes, stats
+    def scored(logits, inputs, targets):
+        loss, right_reach, right_parent = node_scores(logits, inputs, targets)
+        return loss, right_reach & right_parent
 
-    def step(model, opt_state, inputs, targets, key, z0):
-        del key, z0  # no dropout, no warm start
-        (loss, stats), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(
-            model, inputs, targets
-        )
-        return *apply(optimizer, model, opt_state, grads), loss, stats, None
-
-    return step
+    return make_step(config.training_budget, optimizer, scored)
 
 
 class _Bfs:
@@ -115,7 +109,7 @@ class _Weighted(_Bfs):
         return WeightedGraphStack(config.width, config.depth, key=key, dtype=dtype)
 
     def train_step(self, optimizer):
-        return make_weighted_step(self.config.training_budget, optimizer)
+        return make_step(self.config.training_budget, optimizer, parent_scores)
 
     def accuracy(self, model, inputs, targets) -> dict[str, float]:
         return weighted_accuracy(model, inputs, targets, budget_for(targets[2].shape[1]))

@@ -25,8 +25,10 @@ from ._weighted import (
 from ._weighted_model import solve_weighted
 
 FLOOR = -1e4
-"""In the loss, a score of -inf (an edge from a node the solve did not reach) counts as this:
-a valid parent the solve missed costs a large, finite loss."""
+"""In the loss, a score of -inf counts as this. Only edges into the source (read as never a
+parent) and from nodes the solve did not reach are -inf: the source, the unreachable and a node
+whose parent the budget missed then cost a large, finite loss. A reached node's other edges
+come from reached nodes and keep their scores, so its chosen parent is the same either way."""
 
 
 def parent_scores(logits, inputs, targets):
@@ -35,19 +37,19 @@ def parent_scores(logits, inputs, targets):
     scores, own = logits
     _, senders, receivers, _ = inputs
     edge_ok, self_ok, _ = targets
-    finite = jnp.where(jnp.isfinite(scores), scores, FLOOR)
-    loss, _ = jax.vmap(parent_loss_and_right)(finite, own, senders, receivers, edge_ok, self_ok)
-    _, right = jax.vmap(parent_loss_and_right)(scores, own, senders, receivers, edge_ok, self_ok)
-    return loss, right
+    floored = jnp.where(jnp.isfinite(scores), scores, FLOOR)
+    return jax.vmap(parent_loss_and_right)(floored, own, senders, receivers, edge_ok, self_ok)
 
 
-def make_weighted_step(budget: int, optimizer):
-    """The weighted algorithms' optimizer step (`Step`): stats = (share of real nodes with a
-    valid parent, mean solver steps, mean relative residual, share converged)."""
+def make_step(budget: int, optimizer, scored):
+    """A graph algorithm's optimizer step (`Step`) on `model.predict` at `budget` solver steps:
+    `scored(logits, inputs, targets)` gives each node's loss and whether its answers are right;
+    stats = (share of real nodes right, mean solver steps, mean relative residual, share
+    converged)."""
 
     def loss_fn(model, inputs, targets):
         p = jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
-        loss, right = parent_scores(p.logits, inputs, targets)
+        loss, right = scored(p.logits, inputs, targets)
         real = targets[2].astype(loss.dtype)
         nodes = jnp.sum(real)
         accuracy = jnp.sum(right * real) / nodes
