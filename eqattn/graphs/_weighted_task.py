@@ -15,6 +15,7 @@ from scipy.sparse.csgraph import shortest_path
 from ..train import apply
 from ._edges import parent_loss_and_right
 from ._predict import budget_for
+from ._scores import _by_distance
 from ._weighted import (
     WEIGHTED_FAMILIES,
     WeightedGraphs,
@@ -154,32 +155,27 @@ def evaluate_weighted(
 ) -> list[dict[str, Any]]:
     """One row per family and size: the share of valid parents at the budget rule, against the
     budget (a DEQ up to 256 nodes), and by hops from the source."""
-    from ._scores import _by_distance
-
     rows = []
     for n, count in sizes.items():
         for family in families or WEIGHTED_FAMILIES:
             g = sample_weighted(family, n, count, seed=1000 + n)
             inputs, targets = weighted_examples(g, config.algorithm)
-            rule = budget_for(n)
-            h = hops(g)
+            arrays = tuple(map(jnp.asarray, inputs))
+
+            def solve(budget):
+                parent, steps, converged = jax.device_get(
+                    solve_weighted(model, arrays, jnp.asarray(budget))
+                )
+                right = right_parents(parent, inputs, targets)
+                return _row(budget, right, steps, converged), right
+
+            rule, h = budget_for(n), hops(g)
+            at_rule, right = solve(rule)
             row = dict(family=family, n=n, graphs=count, max_distance=int(h.max()))
-            parent, steps, converged = jax.device_get(
-                solve_weighted(model, tuple(map(jnp.asarray, inputs)), jnp.asarray(rule))
-            )
-            right = right_parents(parent, inputs, targets)
-            row.update(budget_rule=rule, at_rule=_row(rule, right, steps, converged))
-            row["by_distance"] = _by_distance(h, right)
+            row.update(budget_rule=rule, at_rule=at_rule, by_distance=_by_distance(h, right))
             if sweep and config.model == "deq" and n <= 256:
-                row["sweep"] = [
-                    _row(b, right_parents(p, inputs, targets), s, c)
-                    for b in sorted(set(budgets or [int(f * rule) for f in WEIGHTED_SWEEP]))
-                    for p, s, c in [
-                        jax.device_get(
-                            solve_weighted(model, tuple(map(jnp.asarray, inputs)), jnp.asarray(b))
-                        )
-                    ]
-                ]
+                chosen = sorted(set(budgets or [int(f * rule) for f in WEIGHTED_SWEEP]))
+                row["sweep"] = [at_rule if b == rule else solve(b)[0] for b in chosen]
             rows.append(row)
             if tick is not None:
                 tick()
