@@ -16,8 +16,14 @@ as many as the training graphs' longest distance needs) are then scored on every
    answers agree and the asymptotic-alignment score of Anil et al. (2022): the cosine of the
    two states, each graph's flattened, the mean over graphs.
 
-`--quick`: one seed, one epoch of 100 steps, the dynamics at 16 and 64 nodes: it exercises the
-code only.
+3. Per run (with networkx, the `bench` extra): parents on graphs the project did not generate
+   (`benchmarks/_generators.py`): networkx's random 3-regular, Barabasi-Albert, Watts-Strogatz,
+   powerlaw-cluster graphs, uniform random trees and connected caves at 64 and 1024 nodes, and
+   its real graphs (karate club, Les Miserables, Florentine families; for shortest paths also
+   with their own weights), 16 sources each (2 graphs at 1024).
+
+`--quick`: one seed, one epoch of 100 steps, the dynamics at 16 and 64 nodes, two generators at
+64 nodes and one real graph: it exercises the code only.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy as np
 
 from eqattn import Picard, graphs, train
 
+from . import _generators
 from ._harness import markdown_table, print_table, seeds_cell
 
 SEEDS = (0, 1, 2)
@@ -170,6 +177,40 @@ def _weighted_dynamics(model, algorithm: str, sizes: dict[int, int]) -> list[dic
     return rows
 
 
+def _parents_right(model, g, algorithm: str | None) -> np.ndarray:
+    """Per node: both answers right (BFS: reachability and a parent) or a valid parent."""
+    if algorithm is None:
+        d = _generators.dense(g)
+        out = graphs.predict(model, g.edges, g.source)
+        return _right(d, out.reachable, out.parent)
+    out = graphs.predict(model, g.edges, g.source, weights=g.weights)
+    return graphs.score_parents(g, out.parent, algorithm)
+
+
+def _generated(model, algorithm: str | None, quick: bool) -> list[dict]:
+    """Per networkx generator and size, and per real graph: the share of nodes answered right
+    at the budget rule (`graphs.predict`'s default)."""
+    sets = []
+    for n, count in ({64: 16} if quick else {64: 16, 1024: 2}).items():
+        for name in _generators.GENERATORS[:2] if quick else _generators.GENERATORS:
+            sets.append((name, n, _generators.draw(name, n, count, seed=n)))
+    for name in _generators.REAL[:1] if quick else _generators.REAL:
+        g = _generators.draw(name, 0, 16, seed=1)
+        sets.append((name, g.edges.num_nodes, g))
+        if algorithm == "shortest-paths" and name != "Florentine families":
+            sets.append(
+                (
+                    f"{name} (own weights)",
+                    g.edges.num_nodes,
+                    _generators.own_weights(name, 16, seed=1),
+                )
+            )
+    return [
+        dict(family=name, n=n, accuracy=float(_parents_right(model, g, algorithm).mean()))
+        for name, n, g in sets
+    ]
+
+
 def _size_rows(evaluation: dict) -> dict[str, float]:
     return {f"{r['family']}@{r['n']}": r["at_rule"]["accuracy"] for r in evaluation["sizes"]}
 
@@ -196,9 +237,12 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
                 by_distance=evaluation["by_distance"],
             )
             rows.append(row)
+            loaded = graphs.load_model(out)
+            algorithm = settings.get("algorithm")
+            if _generators.available():
+                generated = _generated(loaded, algorithm, quick)
+                rows += [dict(part="generators", case=case, seed=seed, **r) for r in generated]
             if model == "deq":
-                loaded = graphs.load_model(out)
-                algorithm = settings.get("algorithm")
                 dynamics = (
                     _weighted_dynamics(loaded, algorithm, sizes)
                     if algorithm
@@ -224,6 +268,17 @@ def _print(rows) -> None:
         keys = list(runs[0]["accuracy"])
         table = [{"at": k, "acc": _median([r["accuracy"][k] for r in runs])} for k in keys]
         print_table(table, [("at", "family@nodes", "s"), ("acc", "median", ".4f")])
+    generated = [r for r in rows if r["part"] == "generators"]
+    if not generated:
+        print("\n(networkx is not installed: no rows on graphs of other generators)")
+    for case in dict.fromkeys(r["case"] for r in generated):
+        print(f"\n{case}: right on graphs eqattn did not generate (networkx; seed 0)")
+        table = [
+            dict(at=f"{r['family']}@{r['n']}", acc=r["accuracy"])
+            for r in generated
+            if r["case"] == case and r["seed"] == generated[0]["seed"]
+        ]
+        print_table(table, [("at", "graph@nodes", "s"), ("acc", "share", ".4f")])
     dyn = [r for r in rows if r["part"] == "dynamics"]
     print("\nDEQ dynamics (seed 0): steps - depth, 4x unstopped, random starts (BFS)")
     print_table(
@@ -286,13 +341,33 @@ def _accuracy_tables(cases: dict) -> str:
     return out + "\n\n" + markdown_table(["distance from the source", *header[1:]], body)
 
 
+def _generated_table(cases: dict, generated: list[dict]) -> str:
+    """The cases' shares right on the graphs of other generators and the real graphs."""
+    rows = [r for r in generated if r["case"] in cases]
+    if not rows:
+        return ""
+    keys = list(dict.fromkeys((r["family"], r["n"]) for r in rows))
+    body = [
+        [f"{family} @ {n}", *[
+            _cell([r["accuracy"] for r in rows if (r["case"], r["family"], r["n"]) == (c, family, n)])
+            for c in cases
+        ]]
+        for family, n in keys
+    ]  # fmt: skip
+    return "\n\n" + markdown_table(["not generated by eqattn @ nodes", *cases], body)
+
+
 def table(payload) -> str:
     """The graphs results file as Markdown: per algorithm, accuracy per family and size by case
     (median over the seeds, min-max) and by distance from the source (hops); the runs' sizes
     and times; the DEQs' dynamics."""
     rows = payload["rows"]
     cases = _cases(rows)
-    out = "\n\n".join(_accuracy_tables(group) for group in _groups(cases).values())
+    generated = [r for r in rows if r["part"] == "generators"]
+    out = "\n\n".join(
+        _accuracy_tables(group) + _generated_table(group, generated)
+        for group in _groups(cases).values()
+    )
     body = [
         [c, f"{_median([r['params'] for r in rs]):,.0f}", f"{_median([r['train_time_s'] for r in rs]):.1f}",
          f"{_median([r['evaluate_s'] for r in rs]):.1f}", f"{_median([r['step_temp_mb'] for r in rs]):.2f}"]

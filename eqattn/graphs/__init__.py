@@ -52,6 +52,7 @@ from ._weighted import (
     ALGORITHMS as ALGORITHMS,
     WEIGHTED_FAMILIES as WEIGHTED_FAMILIES,
     WeightedGraphs as WeightedGraphs,
+    from_edges as from_edges,
     sample_weighted as sample_weighted,
 )
 from ._weighted_model import (
@@ -84,6 +85,7 @@ __all__ = [
     "choose_parent",
     "edge_list",
     "features",
+    "from_edges",
     "hops",
     "load_model",
     "predict",

@@ -104,24 +104,77 @@ def sample_weighted(
     if family not in _WEIGHTED:
         raise ConfigError(f"`family` must be one of {', '.join(WEIGHTED_FAMILIES)}; got {family!r}")
     rng = np.random.default_rng(seed)
-    drawn = []
+    pairs, weights, source = [], [], []
     for _ in range(count):
         order = rng.permutation(n)
         e, w = _WEIGHTED[family](n, rng)
-        i, j = order[e[:, 0]], order[e[:, 1]]
-        both = np.concatenate([j, i]), np.concatenate([i, j]), np.concatenate([w, w])
-        drawn.append((*both, int(rng.integers(0, n))))
-    width = bucket(max(len(d[0]) for d in drawn)) if edges is None else int(edges)
-    senders = np.zeros((count, width), np.int32)
-    receivers = np.full((count, width), n, np.int32)
-    weights = np.zeros((count, width), np.float32)
-    source = np.zeros(count, np.int64)
-    for b, (s, r, w, src) in enumerate(drawn):
+        pairs.append(order[e])
+        weights.append(w)
+        source.append(int(rng.integers(0, n)))
+    return from_edges(n, pairs, source, weights=weights, edges=edges)
+
+
+def from_edges(
+    num_nodes: int, pairs, source, *, weights=None, edges: int | None = None
+) -> WeightedGraphs:
+    """A batch of undirected graphs on `num_nodes` nodes each, from each graph's edges: `pairs`
+    a list of `[E_b, 2]` node pairs (each undirected edge once), `source [B]` and `weights` a
+    list of `[E_b]` (default 1), padded to `edges` directed edges (default the largest count
+    rounded up to a power of two). Graphs of another library go in this way (networkx:
+    `list(G.edges)`); `graphs.predict`, `score_parents` and `hops` read the batch. A one-line
+    `ValueError` names the argument that is out of range, a self-loop or a repeated edge.
+
+    **Example:**
+
+    ```python
+    from eqattn import graphs
+
+    g = graphs.from_edges(3, [[(0, 1), (1, 2)]], [0], weights=[[0.5, 2.0]])  # 0 - 1 - 2
+    assert g.edges.receivers[0].tolist()[:4] == [0, 1, 1, 2] and g.weights[0, 1] == 2.0
+    ```
+    """
+    n = int(num_nodes)
+    source = np.asarray(source)
+    if n < 1 or source.shape != (len(pairs),):
+        raise ConfigError(
+            f"`source` must hold one node per graph of `pairs` ({len(pairs)}), `num_nodes` >= 1;"
+            f" got source of shape {list(source.shape)}, num_nodes {num_nodes}"
+        )
+    if not np.issubdtype(source.dtype, np.integer) or np.any((source < 0) | (source >= n)):
+        raise ConfigError(f"`source` must be node indices in [0, {n}); got {source.tolist()}")
+    if weights is not None and len(weights) != len(pairs):
+        raise ConfigError(
+            f"`weights` must hold one array per graph ({len(pairs)}); got {len(weights)}"
+        )
+    drawn = []
+    for b, e in enumerate(pairs):
+        e = np.asarray(e).reshape(-1, 2) if np.size(e) == 0 else np.asarray(e)
+        if e.ndim != 2 or e.shape[1] != 2 or not np.issubdtype(e.dtype, np.integer):
+            raise ConfigError(f"`pairs[{b}]` must be node pairs [E, 2] (integers); got {e.shape}")
+        if np.any((e < 0) | (e >= n)):
+            raise ConfigError(f"`pairs[{b}]` holds a node outside [0, {n})")
+        if np.any(e[:, 0] == e[:, 1]):
+            raise ConfigError(f"`pairs[{b}]` holds a self-loop")
+        if len(np.unique(np.sort(e, axis=1), axis=0)) < len(e):
+            raise ConfigError(f"`pairs[{b}]` holds an edge twice (each undirected edge once)")
+        w = np.ones(len(e)) if weights is None else np.asarray(weights[b], np.float64)
+        if w.shape != (len(e),):
+            raise ConfigError(
+                f"`weights[{b}]` must have one per pair, shape [{len(e)}]; got {list(w.shape)}"
+            )
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise ConfigError(f"`weights[{b}]` must be finite and non-negative")
+        i, j = e[:, 0], e[:, 1]
+        drawn.append((np.concatenate([j, i]), np.concatenate([i, j]), np.concatenate([w, w])))
+    width = bucket(max((len(d[0]) for d in drawn), default=0)) if edges is None else int(edges)
+    senders = np.zeros((len(pairs), width), np.int32)
+    receivers = np.full((len(pairs), width), n, np.int32)
+    out = np.zeros((len(pairs), width), np.float32)
+    for b, (s, r, w) in enumerate(drawn):
         if len(s) > width:
             raise ConfigError(f"`edges` ({width}) is fewer than graph {b}'s {len(s)} edges")
-        senders[b, : len(s)], receivers[b, : len(s)], weights[b, : len(s)] = s, r, w
-        source[b] = src
-    return WeightedGraphs(EdgeList(senders, receivers, n), weights, source)
+        senders[b, : len(s)], receivers[b, : len(s)], out[b, : len(s)] = s, r, w
+    return WeightedGraphs(EdgeList(senders, receivers, n), out, source.astype(np.int64))
 
 
 def _matrix(s, r, w, n) -> csr_matrix:

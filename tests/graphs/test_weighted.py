@@ -168,3 +168,52 @@ def test_one_training_step():
 def test_runs_of_the_weighted_algorithms_have_their_own_folder():
     assert graphs.GraphTask.run_folder({}) == "graphs"
     assert graphs.GraphTask.run_folder({"algorithm": "mst"}) == "graphs/mst"
+
+
+@pytest.mark.float32
+def test_from_edges_against_networkx():
+    """A networkx graph through `from_edges`: the targets agree with networkx's own Dijkstra and
+    minimum spanning tree, and the exact model answers it right."""
+    nx = pytest.importorskip("networkx")
+    rng = np.random.default_rng(0)
+    g = nx.connected_watts_strogatz_graph(200, 4, 0.2, seed=1)
+    for u, v in g.edges:
+        g.edges[u, v]["weight"] = float(1.0 - rng.random())
+    pairs = np.array(list(g.edges))
+    w = [g.edges[u, v]["weight"] for u, v in pairs]
+    batch = graphs.from_edges(200, [pairs], [5], weights=[w])
+    lengths = nx.single_source_dijkstra_path_length(g, 5)
+    parents = {
+        v: {u for u in g[v] if abs(lengths[u] + g.edges[u, v]["weight"] - lengths[v]) < 1e-9}
+        for v in g
+        if v != 5
+    }
+    tree = nx.dfs_predecessors(nx.minimum_spanning_tree(g), 5)
+    for node in (17, 123, 199):
+        chosen = np.full((1, 200), node)  # `node` as every node's parent
+        right = graphs.score_parents(batch, chosen, "shortest-paths")[0]
+        assert set(np.flatnonzero(right)) == {v for v, p in parents.items() if node in p}
+        right = graphs.score_parents(batch, chosen, "mst")[0]
+        assert set(np.flatnonzero(right)) == {v for v, p in tree.items() if p == node}
+    out = graphs.predict(_exact_model(), batch.edges, batch.source, weights=batch.weights)
+    assert _share_right(out, batch, "shortest-paths") == 1.0
+
+
+def test_from_edges_refusals():
+    path = [np.array([(0, 1), (1, 2)])]
+    cases = [
+        (dict(pairs=path, source=[3]), "`source` must be node indices"),
+        (dict(pairs=path, source=[0, 1]), "`source` must hold one node per graph"),
+        (dict(pairs=[np.array([(0, 3)])], source=[0]), r"`pairs\[0\]` holds a node outside"),
+        (dict(pairs=[np.array([(1, 1)])], source=[0]), "self-loop"),
+        (dict(pairs=[np.array([(0, 1), (1, 0)])], source=[0]), "an edge twice"),
+        (dict(pairs=[np.array([0.0, 1.0])], source=[0]), r"node pairs \[E, 2\]"),
+        (dict(pairs=path, source=[0], weights=[[1.0]]), r"`weights\[0\]` must have one per"),
+        (dict(pairs=path, source=[0], weights=[[1.0, -1.0]]), "finite and non-negative"),
+        (dict(pairs=path, source=[0], weights=[]), "one array per graph"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            graphs.from_edges(3, **kwargs)
+    one = graphs.from_edges(1, [np.zeros((0, 2), int)], [0])  # one node, no edge
+    assert one.edges.senders.shape == (1, 8) and (one.edges.receivers == 1).all()

@@ -1,0 +1,100 @@
+"""Graphs the project did not generate, for `python -m benchmarks graphs`: networkx's random
+graph generators (families unlike the task's own: expanders, hubs, small worlds, uniform random
+trees, chains of cliques), and the real graphs networkx ships (social networks with their own
+edge weights). Nodes are put in a random order; weights are uniform in (0, 1] unless a real
+graph's own are asked for.
+
+Needs networkx (the `bench` extra); `available()` says whether it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+
+from eqattn import graphs
+
+
+def available() -> bool:
+    return importlib.util.find_spec("networkx") is not None
+
+
+def _generators():
+    import networkx as nx
+
+    return {
+        "random 3-regular": lambda n, s: nx.random_regular_graph(3, n, seed=s),
+        "Barabasi-Albert": lambda n, s: nx.barabasi_albert_graph(n, 2, seed=s),
+        "Watts-Strogatz": lambda n, s: nx.connected_watts_strogatz_graph(n, 4, 0.1, seed=s),
+        "powerlaw cluster": lambda n, s: nx.powerlaw_cluster_graph(n, 2, 0.3, seed=s),
+        "uniform random tree": lambda n, s: nx.random_labeled_tree(n, seed=s),
+        "connected caveman": lambda n, s: nx.connected_caveman_graph(n // 8, 8),
+    }
+
+
+GENERATORS = (
+    "random 3-regular",
+    "Barabasi-Albert",
+    "Watts-Strogatz",
+    "powerlaw cluster",
+    "uniform random tree",
+    "connected caveman",
+)
+"""networkx generators, each drawing graphs of exactly n nodes (n a multiple of 8)."""
+REAL = ("karate club", "Les Miserables", "Florentine families")
+"""networkx's real graphs: Zachary's karate club (34 nodes, weighted by interactions), the
+co-appearances of Les Miserables' characters (77, weighted by their count) and the marriages of
+Florence's families (15, unweighted)."""
+
+
+def _real(name: str):
+    import networkx as nx
+
+    loaders = {
+        "karate club": nx.karate_club_graph,
+        "Les Miserables": nx.les_miserables_graph,
+        "Florentine families": nx.florentine_families_graph,
+    }
+    return nx.convert_node_labels_to_integers(loaders[name]())
+
+
+def _batch(drawn, rng, own_weights: bool) -> graphs.WeightedGraphs:
+    """Networkx graphs of one node count as a batch: nodes in a random order, a random source."""
+    n = drawn[0].number_of_nodes()
+    pairs, weights = [], []
+    for g in drawn:
+        order = rng.permutation(n)
+        e = np.array(list(g.edges), np.int64).reshape(-1, 2)
+        pairs.append(order[e])
+        if own_weights:
+            weights.append(np.array([g.edges[u, v].get("weight", 1.0) for u, v in g.edges], float))
+        else:
+            weights.append(1.0 - rng.random(len(e)))
+    source = rng.integers(0, n, len(drawn))
+    return graphs.from_edges(n, pairs, source, weights=weights)
+
+
+def draw(name: str, n: int, count: int, seed: int) -> graphs.WeightedGraphs:
+    """`count` graphs of the generator `name` (`GENERATORS`) or, for a real graph (`REAL`), that
+    graph `count` times (`n` ignored), each with its own order, weights and source."""
+    rng = np.random.default_rng(seed)
+    if name in REAL:
+        return _batch([_real(name)] * count, rng, own_weights=False)
+    make = _generators()[name]
+    return _batch([make(n, seed * 1000 + b) for b in range(count)], rng, own_weights=False)
+
+
+def own_weights(name: str, count: int, seed: int) -> graphs.WeightedGraphs:
+    """A real graph (`REAL`) `count` times with its own edge weights (1 where it has none)."""
+    return _batch([_real(name)] * count, np.random.default_rng(seed), own_weights=True)
+
+
+def dense(g: graphs.WeightedGraphs) -> graphs.Graphs:
+    """The batch as dense adjacencies and sources (the BFS models and references read them)."""
+    s, r, n = g.edges
+    adjacency = np.zeros((len(s), n, n), bool)
+    for b in range(len(s)):
+        real = r[b] < n
+        adjacency[b, r[b][real], s[b][real]] = True
+    return graphs.Graphs(adjacency, np.asarray(g.source))
