@@ -70,7 +70,11 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
     finite = jnp.all(jnp.isfinite(fx)) & jnp.all(jnp.isfinite(x))
     residual, scale = _norm(fx - x), _norm(fx)
     residual = jnp.where(finite, residual, jnp.inf)
-    better = residual < it.best_residual
+    passed = converged(solver, residual, scale) & finite
+    # An iterate that passes the (relative) test is the answer even when an earlier one had a
+    # lower absolute residual: where the state grows (propagation from zeros), the start's
+    # small residual would otherwise win over the converged state.
+    better = passed | (residual < it.best_residual)
     return Iteration(
         step=it.step + 1,
         x=x,
@@ -79,7 +83,7 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
         best_x=jnp.where(better, x, it.best_x),
         best_residual=jnp.where(better, residual, it.best_residual),
         best_scale=jnp.where(better, scale, it.best_scale),
-        done=converged(solver, residual, scale) | ~finite,
+        done=passed | ~finite,
         nonfinite=~finite,
         last_is_best=better,
     )
