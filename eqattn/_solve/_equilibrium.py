@@ -58,7 +58,8 @@ class Equilibrium(eqx.Module):
 
     **Fields:**
 
-    - `value`: $z^*$, the iterate with the lowest residual (same structure as `z0`);
+    - `value`: $z^*$, the iterate the stopping test rates best: the lowest residual as a
+      multiple of its tolerance `atol + rtol * |f(z)|` (same structure as `z0`);
       differentiable according to the adjoint.
     - `steps`: evaluations of $f$ made (including the first, at `z0`); jaxopt's own count of
       them for a [`eqattn.JaxoptSolver`][]; Optimistix's iteration count for its solvers.

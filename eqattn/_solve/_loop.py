@@ -29,7 +29,7 @@ class Iteration(eqx.Module):
     best_scale: Float[Array, ""]
     done: Bool[Array, ""]
     nonfinite: Bool[Array, ""]  # f(x) or x was not finite at the last step
-    last_is_best: Bool[Array, ""]  # the last iterate has the lowest residual (fx is its image)
+    last_is_best: Bool[Array, ""]  # the last iterate ranks best (fx is its image)
 
 
 def _norm(x):
@@ -38,6 +38,15 @@ def _norm(x):
 
 def converged(solver: AbstractFixedPointSolver, residual, scale):
     return residual <= solver.atol + solver.rtol * scale
+
+
+def _over(solver: AbstractFixedPointSolver, residual, scale):
+    """The residual as a multiple of the stopping test's tolerance (<= 1: passed). Iterates are
+    ranked by it, not by the absolute residual: where the state grows from zeros (propagation
+    over a graph), the start's small absolute residual would rank above every later iterate,
+    the converged one included."""
+    tolerance = solver.atol + solver.rtol * scale
+    return residual / jnp.maximum(tolerance, jnp.finfo(jnp.result_type(residual)).tiny)
 
 
 def first(solver, fn, x0) -> Iteration:
@@ -60,7 +69,7 @@ def first(solver, fn, x0) -> Iteration:
 
 
 def advance(solver, fn, it: Iteration) -> Iteration:
-    """One solver step and one evaluation of f; keeps the lowest-residual iterate."""
+    """One solver step and one evaluation of f; keeps the best iterate (`_over`)."""
     x, state = solver.step(it.x, it.fx, it.state)
     return tested(solver, it, x, state, fn(x))
 
@@ -71,10 +80,7 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
     residual, scale = _norm(fx - x), _norm(fx)
     residual = jnp.where(finite, residual, jnp.inf)
     passed = converged(solver, residual, scale) & finite
-    # An iterate that passes the (relative) test is the answer even when an earlier one had a
-    # lower absolute residual: where the state grows (propagation from zeros), the start's
-    # small residual would otherwise win over the converged state.
-    better = passed | (residual < it.best_residual)
+    better = _over(solver, residual, scale) < _over(solver, it.best_residual, it.best_scale)
     return Iteration(
         step=it.step + 1,
         x=x,
@@ -91,10 +97,9 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
 
 def best_answer(solver: AbstractFixedPointSolver, it: Iteration) -> Array:
     """A finished loop's best answer when nothing is differentiated through it: for a solve
-    that ran out of steps with its iterates still improving (the last has the lowest
-    residual), the solver's next step from there, which the evaluation of $f$ that tested the
+    that ran out of steps with its iterates still improving (the last ranks best), the solver's next step from there, which the evaluation of $f$ that tested the
     last iterate already paid for (one more evaluation would have tested it; for Picard it is
-    $f(x)$); otherwise (converged, non-finite, stalled) the lowest-residual iterate. The
+    $f(x)$); otherwise (converged, non-finite, stalled) the best-ranked iterate. The
     implicit adjoint's backward solve returns it."""
     extrapolate = it.last_is_best & ~it.done
     return jnp.where(extrapolate, solver.step(it.x, it.fx, it.state)[0], it.best_x)
@@ -146,7 +151,7 @@ def iterate_fixed(solver: AbstractFixedPointSolver, fn, x0, budget: int) -> Iter
     """As `iterate` for a static `budget`, as a loop of exactly `budget - 1` guarded steps (no
     early exit). The guard (`jnp.where` on the loop's test, per example under `vmap`) leaves out
     the solver's state: only iterates still going read it (a stopped one's answer is its
-    lowest-residual iterate, which `best_answer` and `equilibrium` return). So under `vmap` the
+    best-ranked iterate, which `best_answer` and `equilibrium` return). So under `vmap` the
     state is not selected at every step (as `iterate`'s `while_loop` selects all of its carry),
     and the state's own step count stays unbatched: Anderson's history is written in place, not
     scattered.
@@ -171,7 +176,7 @@ def iterate_to_last(solver: AbstractFixedPointSolver, fn, x0, budget) -> tuple[I
     with the loop: `(it, x_lin)`. A gradient then linearizes `fn` at `x_lin` by evaluating it
     there again, which XLA merges with this evaluation (the same operations on the same
     operands), so the linearization costs no evaluation of its own. `x_lin` is the last iterate
-    if the budget allowed that evaluation as a step (the lowest-residual iterate, which the
+    if the budget allowed that evaluation as a step (the best-ranked iterate, which the
     loop returns, unless the iterates stopped improving), else (the solve had stopped, e.g.
     converged) the iterate the loop returns; the evaluation then only serves the
     linearization."""

@@ -3,7 +3,7 @@ r"""Fixed-point solvers for $x = f(x)$ on a flat vector $x$.
 The iteration loop is ours rather than jaxopt's `FixedPointIteration` / `AndersonAcceleration` /
 `Broyden`: those stop on an absolute, whole-pytree $\lVert x_{k+1} - x_k\rVert$ and return the
 last iterate, whereas eqattn needs the relative test $\lVert f(x) - x\rVert \le \mathrm{atol} +
-\mathrm{rtol}\lVert f(x)\rVert$ (per example under `vmap`), the lowest-residual iterate, a stop on
+\mathrm{rtol}\lVert f(x)\rVert$ (per example under `vmap`), the iterate that test rates best, a stop on
 NaN/Inf, and a step budget that can change between calls without recompiling. Each solver is an
 `eqx.Module` with `init` / `step`, as in Optimistix; the loop (`_loop.py`) is shared. jaxopt's and
 Optimistix's solvers can be used too (`_backends.py`).

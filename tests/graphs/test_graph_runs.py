@@ -63,7 +63,9 @@ def test_evaluate_reports_sizes_budgets_and_distances(runs, tmp_path, capsys):
     assert ("path", 1024) in sizes and ("grid", 1024) in sizes and ("tree", 1024) not in sizes
     path = next(r for r in result["sizes"] if (r["family"], r["n"]) == ("path", 256))
     sweep = path["sweep"]
-    assert sweep[0]["max_steps"] == 130 and sweep[0]["accuracy"] < 0.5  # a quarter of the rule
+    # a quarter of the rule: unconverged, answers beyond the steps' reach wrong
+    assert sweep[0]["max_steps"] == 130 and sweep[0]["converged"] < 1.0
+    assert sweep[0]["accuracy"] < 0.9
     assert sweep[-1]["converged"] == 1.0 and sweep[-1]["accuracy"] >= 0.99
     assert result["by_distance"]["257-1024"][1] > 0
     assert "by distance from the source" in printed and "against the budget" in printed
