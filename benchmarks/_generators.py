@@ -1,10 +1,12 @@
 """Graphs the project did not generate, for `python -m benchmarks graphs`: networkx's random
 graph generators (families unlike the task's own: expanders, hubs, small worlds, uniform random
-trees, chains of cliques), and the real graphs networkx ships (social networks with their own
-edge weights). Nodes are put in a random order; weights are uniform in (0, 1] unless a real
-graph's own are asked for.
+trees, chains of cliques), the real graphs networkx ships (social networks with their own edge
+weights), and two large real graphs PyGSP ships: Minnesota's road network and an airfoil's
+mesh, weighted by length. Nodes are put in a random order; weights are uniform in (0, 1] unless
+a real graph's own are asked for.
 
-Needs networkx (the `bench` extra); `available()` says whether it is installed.
+Needs networkx and PyGSP (the `bench` extra); `available()` and `available_large()` say whether
+they are installed.
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ from __future__ import annotations
 import importlib.util
 
 import numpy as np
+from scipy.sparse import coo_matrix
 
 from eqattn import graphs
 
 
 def available() -> bool:
     return importlib.util.find_spec("networkx") is not None
+
+
+def available_large() -> bool:
+    return importlib.util.find_spec("pygsp") is not None
 
 
 def _generators():
@@ -57,6 +64,45 @@ def _real(name: str):
         "Florentine families": nx.florentine_families_graph,
     }
     return nx.convert_node_labels_to_integers(loaders[name]())
+
+
+LARGE = ("Minnesota roads", "airfoil mesh")
+"""PyGSP's large real graphs: the road network of Minnesota (2642 crossings, 3303 roads; two
+crossings lie apart) and the triangulated mesh around an airfoil (4253 nodes, 12289 edges), each
+road or edge weighted by the straight-line distance between its ends, the coordinates scaled
+into the unit square (as the task's geometric families)."""
+
+
+def _pointcloud(name: str) -> dict:
+    from importlib.resources import files
+
+    from scipy.io import loadmat
+
+    with (files("pygsp") / "data" / "pointclouds" / f"{name}.mat").open("rb") as f:
+        return loadmat(f)
+
+
+def large(name: str, count: int, seed: int) -> graphs.WeightedGraphs:
+    """The large real graph `name` (`LARGE`) `count` times, each with its own node order and
+    source, weighted by length."""
+    if name == "Minnesota roads":
+        d = _pointcloud("minnesota")
+        a = coo_matrix(d["A"])  # dense or sparse, as the file holds it
+        i, j = a.row.astype(np.int64), a.col.astype(np.int64)
+        xy = d["xy"]
+    else:
+        d = _pointcloud("airfoil")
+        i, j = d["i_inds"].ravel().astype(np.int64) - 1, d["j_inds"].ravel().astype(np.int64) - 1
+        xy = np.concatenate([d["x"], d["y"]], axis=1)
+    pairs = np.unique(np.sort(np.stack([i, j], 1), axis=1), axis=0)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    xy = (xy - xy.min(0)) / (xy.max(0) - xy.min(0)).max()
+    lengths = np.linalg.norm(xy[pairs[:, 0]] - xy[pairs[:, 1]], axis=1)
+    rng = np.random.default_rng(seed)
+    n = len(xy)
+    orders = [rng.permutation(n) for _ in range(count)]
+    source = rng.integers(0, n, count)
+    return graphs.from_edges(n, [o[pairs] for o in orders], source, weights=[lengths] * count)
 
 
 def _batch(drawn, rng, own_weights: bool) -> graphs.WeightedGraphs:

@@ -20,7 +20,8 @@ as many as the training graphs' longest distance needs) are then scored on every
    (`benchmarks/_generators.py`): networkx's random 3-regular, Barabasi-Albert, Watts-Strogatz,
    powerlaw-cluster graphs, uniform random trees and connected caves at 64 and 1024 nodes, and
    its real graphs (karate club, Les Miserables, Florentine families; for shortest paths also
-   with their own weights), 16 sources each (2 graphs at 1024).
+   with their own weights), 16 sources each (2 graphs at 1024); with PyGSP, Minnesota's road
+   network and an airfoil's mesh (2642 and 4253 nodes, by length), 2 sources each.
 
 `--quick`: one seed, one epoch of 100 steps, the dynamics at 16 and 64 nodes, two generators at
 64 nodes and one real graph: it exercises the code only.
@@ -205,8 +206,14 @@ def _generated(model, algorithm: str | None, quick: bool) -> list[dict]:
                     _generators.own_weights(name, 16, seed=1),
                 )
             )
+    if not quick and _generators.available_large():
+        sets += [(name, 0, _generators.large(name, 2, seed=1)) for name in _generators.LARGE]
     return [
-        dict(family=name, n=n, accuracy=float(_parents_right(model, g, algorithm).mean()))
+        dict(
+            family=name,
+            n=n or g.edges.num_nodes,
+            accuracy=float(_parents_right(model, g, algorithm).mean()),
+        )
         for name, n, g in sets
     ]
 

@@ -1,6 +1,6 @@
 r"""The models of the weighted algorithms (shortest paths, spanning trees): the library's
 [`eqattn.nn.ImplicitGraphAttention`][] with the source as its anchor and each edge's weight as
-its feature, and its explicit twin, untied [`eqattn.nn.GraphAttentionStep`][]s. A node's parent
+its feature (over the graph's mean edge weight), and its explicit twin, untied [`eqattn.nn.GraphAttentionStep`][]s. A node's parent
 is read from the edges' scores at the solved states: its best incoming edge's sender, or itself
 for the source and a node no reached node sends to."""
 
@@ -33,6 +33,16 @@ def read_out(scores: Float[Array, " E"], anchors, receivers) -> tuple[Array, Arr
     live = jnp.isfinite(scores).astype(jnp.int32)
     has = jax.ops.segment_max(live, receivers, num_segments=n) > 0
     return scores, jnp.where(has, -jnp.inf, 0.0).astype(scores.dtype)
+
+
+def relative_weights(weights: Float[Array, " E"], receivers, n: int) -> Float[Array, "E 1"]:
+    """Each edge's weight over its graph's mean edge weight, as the edge features: shortest
+    paths and spanning trees do not change when every weight is scaled, and so the models'
+    answers do not either (16-node training graphs in the unit square, and a road map in any
+    unit, read alike). Padding, and a graph whose weights are all 0, stay 0."""
+    real = receivers < n
+    mean = jnp.sum(jnp.where(real, weights, 0.0)) / jnp.maximum(jnp.sum(real), 1)
+    return jnp.where(real, weights / jnp.where(mean > 0, mean, 1.0), 0.0)[:, None]
 
 
 def _node_features(anchors, dtype) -> Float[Array, "n 1"]:
@@ -70,7 +80,7 @@ class WeightedGraphDEQ(eqx.Module):
 
     def predict(self, x: WeightedInputs, *, budget=None, key=None, z0=None) -> Prediction:
         anchors, senders, receivers, weights = map(jnp.asarray, x)
-        edges = weights[:, None]
+        edges = relative_weights(weights, receivers, anchors.shape[0])
         features = _node_features(anchors, weights.dtype)
         (z, reached), eq = self.layer.forward(
             features, anchors, senders, receivers, edges, z0=z0, budget=budget
@@ -111,7 +121,7 @@ class WeightedGraphStack(eqx.Module):
 
     def predict(self, x: WeightedInputs, *, budget=None, key=None, z0=None) -> Prediction:
         anchors, senders, receivers, weights = map(jnp.asarray, x)
-        edges = weights[:, None]
+        edges = relative_weights(weights, receivers, anchors.shape[0])
         code = jax.vmap(self.code)(_node_features(anchors, weights.dtype))
         pin = anchors[:, None]
         z, flag = jnp.where(pin, code, 0.0), anchors.astype(weights.dtype)

@@ -104,6 +104,22 @@ def test_predict_with_weights_on_4096_nodes():
 
 
 @pytest.mark.float32
+def test_answers_do_not_change_when_every_weight_is_scaled():
+    """The models read each weight over its graph's mean edge weight: scaled by a power of two
+    (exact in floating point) every answer of an untrained model is the same; the exact model
+    answers road-map lengths (mean edge 1e-3) as right as unit-square ones."""
+    g = graphs.sample_weighted("delaunay", 200, 2, seed=5)
+    for model in (graphs.WeightedGraphDEQ(6, key=jax.random.key(2)),
+                  graphs.WeightedGraphStack(2, 4, key=jax.random.key(2))):  # fmt: skip
+        base = graphs.predict(model, g.edges, g.source, weights=g.weights)
+        scaled = graphs.predict(model, g.edges, g.source, weights=g.weights * 1024.0)
+        assert (base.parent == scaled.parent).all() and (base.steps == scaled.steps).all()
+    small = g._replace(weights=g.weights * 1e-2)
+    out = graphs.predict(_exact_model(), small.edges, small.source, weights=small.weights)
+    assert _share_right(out, small, "shortest-paths") == 1.0
+
+
+@pytest.mark.float32
 def test_predict_dense_equals_edges():
     model = graphs.WeightedGraphDEQ(6, key=jax.random.key(1))  # untrained: any map
     g = graphs.sample_weighted("geometric", 30, 2, seed=4)
