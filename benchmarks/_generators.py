@@ -69,8 +69,9 @@ def _real(name: str):
 LARGE = ("Minnesota roads", "airfoil mesh")
 """PyGSP's large real graphs: the road network of Minnesota (2642 crossings, 3303 roads; two
 crossings lie apart) and the triangulated mesh around an airfoil (4253 nodes, 12289 edges), each
-road or edge weighted by the straight-line distance between its ends, the coordinates scaled
-into the unit square (as the task's geometric families)."""
+road or edge weighted by the straight-line distance between its ends (4 roads join crossings
+at the same coordinates: length 0), the coordinates scaled into the unit square (as the task's
+geometric families)."""
 
 
 def _pointcloud(name: str) -> dict:

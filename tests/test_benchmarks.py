@@ -155,7 +155,8 @@ def test_the_large_real_graphs_load_as_published():
         g = _generators.large(name, 2, seed=0)
         real = g.edges.receivers < nodes
         assert g.edges.num_nodes == nodes and (real.sum(1) == 2 * edges).all(), name
-        assert (g.weights[real] > 0).all() and g.weights.max() < np.sqrt(2), name
+        w = g.weights[real]  # a few Minnesota crossings share their coordinates: length 0
+        assert (w >= 0).all() and (w > 0).mean() > 0.99 and w.max() < np.sqrt(2), name
         assert g.source[0] != g.source[1] or (g.edges.senders[0] != g.edges.senders[1]).any()
 
 
