@@ -147,10 +147,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         )
         if "sweep" in r and len(r["sweep"]) > 1:
             cells = [f"{s['max_steps']}: {s['accuracy']:.1%}" for s in r["sweep"]]
-            done = r["sweep"][-1]["converged"] >= 1.0
-            lines.append(
-                "    against the budget: " + ", ".join(cells) + (" (all converged)" if done else "")
-            )
+            last = r["sweep"][-1]
+            done = f" (all converged at {last['max_steps']})" if last["converged"] >= 1.0 else ""
+            lines.append("    against the budget: " + ", ".join(cells) + done)
     lines.append(
         "by distance from the source (every family and size): both answers right"
         if algorithm == "bfs"
