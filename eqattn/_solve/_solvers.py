@@ -207,9 +207,11 @@ class Broyden(AbstractFixedPointSolver):
     $s = \Delta x$, $y = \Delta g$: $B \leftarrow B + (s - By)\,s^\top B / (s^\top B y)$. The last
     `history_size` rank-one terms are kept (oldest overwritten first). An update whose
     denominator is below $\sqrt{\epsilon}\,\lVert s\rVert\,\lVert By\rVert$ is skipped, and an
-    iterate whose residual exceeds `restart_factor` times the lowest seen restarts from the
-    lowest-residual iterate with $B = -I$: a tolerance below what rounding allows makes the
-    iterates stall, not diverge.
+    iterate whose residual, as a multiple of the stopping test's tolerance
+    $\mathrm{atol} + \mathrm{rtol}\lVert f(x)\rVert$, exceeds `restart_factor` times the lowest
+    seen restarts from that best iterate with $B = -I$: a tolerance below what rounding allows
+    makes the iterates stall, not diverge, and a state that grows from zeros is not sent back
+    to its start.
 
     `check_every` steps are taken per trip of the loop, each guarded so that an iterate stops
     changing once it has converged: the results are the same as with 1, the loop's trips (and,
@@ -251,9 +253,13 @@ class Broyden(AbstractFixedPointSolver):
         us = jnp.zeros((m,) + x.shape, x.dtype)
         vs = jnp.zeros((m,) + x.shape, x.dtype)
         g = fx - x
-        # low-rank terms, count, previous x and g, and the lowest-residual pair seen (a restart
-        # point)
-        return us, vs, jnp.array(0), x, g, x, g, jnp.linalg.norm(g)
+        # low-rank terms, count, previous x and g, and the best pair seen (a restart point)
+        return us, vs, jnp.array(0), x, g, x, g, self._over(g, fx)
+
+    def _over(self, g, fx):
+        """The residual as a multiple of the stopping test's tolerance (the loop's ranking)."""
+        tolerance = self.atol + self.rtol * jnp.linalg.norm(fx)
+        return jnp.linalg.norm(g) / jnp.maximum(tolerance, jnp.finfo(g.dtype).tiny)
 
     @staticmethod
     def _apply(us, vs, w):  # B w = -w + U^T (V w)
@@ -272,7 +278,7 @@ class Broyden(AbstractFixedPointSolver):
     def step(self, x, fx, state):
         us, vs, count, x_prev, g_prev, x_best, g_best, best = state
         g = fx - x
-        norm = jnp.linalg.norm(g)
+        norm = self._over(g, fx)
         better = norm < best
         x_best, g_best = jnp.where(better, x, x_best), jnp.where(better, g, g_best)
         best = jnp.where(better, norm, best)

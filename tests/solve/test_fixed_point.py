@@ -241,14 +241,17 @@ def test_pytree_state_and_closed_over_parameters():
         np.testing.assert_allclose(g[i][1, 0], fd, rtol=1e-6)
 
 
-@pytest.mark.parametrize("solver", [eqattn.Picard, eqattn.Anderson])
+@pytest.mark.parametrize("solver", [eqattn.Picard, eqattn.Anderson, eqattn.Broyden])
 def test_a_growing_state_that_passes_the_test_is_the_answer(solver):
     """From zeros the state grows far past its start (as propagation over a graph does): the
     iterate that passes the relative test is returned and reported converged, though the
-    start's absolute residual (1) is lower than the converged one's (about 100)."""
+    start's absolute residual (1) is lower than the converged one's (about 100); Broyden does
+    not restart at its start (its restart rule ranks iterates as the loop does)."""
     f = lambda x, _: jnp.stack([jnp.ones(()), 1e6 * x[0] + 0.5 * x[1]])  # noqa: E731
     eq = eqattn.fixed_point(f, jnp.zeros(2), solver=solver(rtol=1e-4, max_steps=100))
-    assert eq.converged and float(eq.residual) > 1.0
+    assert eq.converged
+    if solver is not eqattn.Broyden:  # Broyden solves this linear map exactly (residual 0)
+        assert float(eq.residual) > 1.0
     np.testing.assert_allclose(eq.value, [1.0, 2e6], rtol=2e-4)  # the closed form
 
 
