@@ -67,8 +67,8 @@ def fixed_point(
     The solver stops when $\lVert f(z) - z\rVert_2 \le \mathrm{atol} + \mathrm{rtol}\,\lVert
     f(z)\rVert_2$, after `budget` evaluations of $f$, or when $f$ returns NaN/Inf; it returns the
     iterate with the lowest residual as a multiple of that tolerance (a state that grows from
-    zeros to its fixed point is answered by its converged iterate, not its small start). Under `jax.vmap` each example stops on its own test and
-    gets its own statistics.
+    zeros to its fixed point is answered by its converged iterate, not its small start). Under
+    `jax.vmap` each example stops on its own test and gets its own statistics.
 
     Gradients with respect to `args` and to arrays that `fn` closes over follow `adjoint` (by
     default the implicit function theorem, solved as accurately as the forward). No gradient

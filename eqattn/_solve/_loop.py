@@ -14,7 +14,7 @@ from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
 from ._equilibrium import RESULTS, Equilibrium, choose, status
-from ._solvers import AbstractFixedPointSolver
+from ._solvers import AbstractFixedPointSolver, over_tolerance
 
 
 class Iteration(eqx.Module):
@@ -40,15 +40,6 @@ def converged(solver: AbstractFixedPointSolver, residual, scale):
     return residual <= solver.atol + solver.rtol * scale
 
 
-def _over(solver: AbstractFixedPointSolver, residual, scale):
-    """The residual as a multiple of the stopping test's tolerance (<= 1: passed). Iterates are
-    ranked by it, not by the absolute residual: where the state grows from zeros (propagation
-    over a graph), the start's small absolute residual would rank above every later iterate,
-    the converged one included."""
-    tolerance = solver.atol + solver.rtol * scale
-    return residual / jnp.maximum(tolerance, jnp.finfo(jnp.result_type(residual)).tiny)
-
-
 def first(solver, fn, x0) -> Iteration:
     fx = fn(x0)
     residual, scale = _norm(fx - x0), _norm(fx)
@@ -69,7 +60,7 @@ def first(solver, fn, x0) -> Iteration:
 
 
 def advance(solver, fn, it: Iteration) -> Iteration:
-    """One solver step and one evaluation of f; keeps the best iterate (`_over`)."""
+    """One solver step and one evaluation of f; keeps the best iterate (`over_tolerance`)."""
     x, state = solver.step(it.x, it.fx, it.state)
     return tested(solver, it, x, state, fn(x))
 
@@ -80,7 +71,8 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
     residual, scale = _norm(fx - x), _norm(fx)
     residual = jnp.where(finite, residual, jnp.inf)
     passed = converged(solver, residual, scale) & finite
-    better = _over(solver, residual, scale) < _over(solver, it.best_residual, it.best_scale)
+    best = over_tolerance(solver, it.best_residual, it.best_scale)
+    better = over_tolerance(solver, residual, scale) < best
     return Iteration(
         step=it.step + 1,
         x=x,
@@ -97,7 +89,8 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
 
 def best_answer(solver: AbstractFixedPointSolver, it: Iteration) -> Array:
     """A finished loop's best answer when nothing is differentiated through it: for a solve
-    that ran out of steps with its iterates still improving (the last ranks best), the solver's next step from there, which the evaluation of $f$ that tested the
+    that ran out of steps with its iterates still improving (the last ranks best), the solver's
+    next step from there, which the evaluation of $f$ that tested the
     last iterate already paid for (one more evaluation would have tested it; for Picard it is
     $f(x)$); otherwise (converged, non-finite, stalled) the best-ranked iterate. The
     implicit adjoint's backward solve returns it."""

@@ -58,6 +58,15 @@ class AbstractFixedPointSolver(eqx.Module):
             )
 
 
+def over_tolerance(solver: AbstractFixedPointSolver, residual, scale):
+    """The residual as a multiple of the stopping test's tolerance `atol + rtol * scale` (<= 1:
+    passed). Iterates are ranked by it, not by the absolute residual: where the state grows from
+    zeros (propagation over a graph), the start's small absolute residual would rank above every
+    later iterate, the converged one included."""
+    tolerance = solver.atol + solver.rtol * scale
+    return residual / jnp.maximum(tolerance, jnp.finfo(jnp.result_type(residual)).tiny)
+
+
 class Picard(AbstractFixedPointSolver):
     r"""Damped fixed-point (Picard) iteration $x \leftarrow (1-\lambda)\,x + \lambda f(x)$.
 
@@ -254,12 +263,16 @@ class Broyden(AbstractFixedPointSolver):
         vs = jnp.zeros((m,) + x.shape, x.dtype)
         g = fx - x
         # low-rank terms, count, previous x and g, and the best pair seen (a restart point)
-        return us, vs, jnp.array(0), x, g, x, g, self._over(g, fx)
-
-    def _over(self, g, fx):
-        """The residual as a multiple of the stopping test's tolerance (the loop's ranking)."""
-        tolerance = self.atol + self.rtol * jnp.linalg.norm(fx)
-        return jnp.linalg.norm(g) / jnp.maximum(tolerance, jnp.finfo(g.dtype).tiny)
+        return (
+            us,
+            vs,
+            jnp.array(0),
+            x,
+            g,
+            x,
+            g,
+            over_tolerance(self, jnp.linalg.norm(g), jnp.linalg.norm(fx)),
+        )
 
     @staticmethod
     def _apply(us, vs, w):  # B w = -w + U^T (V w)
@@ -278,7 +291,7 @@ class Broyden(AbstractFixedPointSolver):
     def step(self, x, fx, state):
         us, vs, count, x_prev, g_prev, x_best, g_best, best = state
         g = fx - x
-        norm = self._over(g, fx)
+        norm = over_tolerance(self, jnp.linalg.norm(g), jnp.linalg.norm(fx))
         better = norm < best
         x_best, g_best = jnp.where(better, x, x_best), jnp.where(better, g, g_best)
         best = jnp.where(better, norm, best)
