@@ -135,13 +135,3 @@ def draw(name: str, n: int, count: int, seed: int) -> graphs.WeightedGraphs:
 def own_weights(name: str, count: int, seed: int) -> graphs.WeightedGraphs:
     """A real graph (`REAL`) `count` times with its own edge weights (1 where it has none)."""
     return _batch([_real(name)] * count, np.random.default_rng(seed), own_weights=True)
-
-
-def dense(g: graphs.WeightedGraphs) -> graphs.Graphs:
-    """The batch as dense adjacencies and sources (the BFS models and references read them)."""
-    s, r, n = g.edges
-    adjacency = np.zeros((len(s), n, n), bool)
-    for b in range(len(s)):
-        real = r[b] < n
-        adjacency[b, r[b][real], s[b][real]] = True
-    return graphs.Graphs(adjacency, np.asarray(g.source))

@@ -1,20 +1,20 @@
-"""`graphs`: where the fixed point pays. `eqattn train --task graphs` trains on graphs of 8-16
-nodes; the DEQ and its explicit baseline (equal parameters, 16 untied blocks of the same kind:
-as many as the training graphs' longest distance needs) are then scored on every family at 16,
-64 and 256 nodes, and paths and grids at 1024, graphs drawn with seeds no training run saw.
+"""`graphs`: where the fixed point pays. `eqattn train --task graphs --algorithm A` trains on
+graphs of 8-16 nodes, for each algorithm (`bfs`, `shortest-paths`, `mst`), the DEQ
+(`nn.ImplicitGraphAttention`) and its explicit twin (equal parameters, 16 untied steps of the
+same kind: as many as the training graphs' longest distance needs); both are then scored on
+every family at 16, 64, 256, 1024 and 4096 nodes, graphs drawn with seeds no training run saw.
 
-1. Runs: both models with the command's defaults (the propagation block), seeds 0 to 2 (results
-   files before the block was the only one also hold the transformer block's runs, seed 0: the
-   generic alternative, whose propagation decays). Per run: the share of nodes with both
-   answers right (reachability and a BFS parent) per family and size at the budget rule
-   (`graphs.budget_for`: 2 n + 8), and by distance from the source (`eqattn.train.evaluate`);
+1. Runs: both models with the command's defaults, seeds 0 to 2. Per run: the share of nodes
+   with a valid parent (and so reachability right) per family and size at the budget rule
+   (`graphs.budget_for`: 2 n + 8), and by hops from the source (`eqattn.train.evaluate`);
    training time, parameters, the training step's compiled memory.
-2. Per DEQ run: solver steps against each graph's depth (the source's eccentricity); the answers
-   at four times the rule with the solver's stopping test off (rtol 0: every step runs), against
-   the rule's (no overthinking); and path independence: the fixed point from three random
-   starts (normal, the state's scale) against the one from zeros, as the share of nodes whose
-   answers agree and the asymptotic-alignment score of Anil et al. (2022): the cosine of the
-   two states, each graph's flattened, the mean over graphs.
+2. Per DEQ run, every family at 16, 64 and 256 nodes: solver steps against each graph's depth
+   (the source's eccentricity in hops); the answers at four times the rule with the solver's
+   stopping test off (rtol 0: every step runs), against the rule's (no overthinking); and path
+   independence: the fixed point from three random starts (normal, the state's scale) against
+   the one from zeros, as the share of nodes whose parents agree and the asymptotic-alignment
+   score of Anil et al. (2022): the cosine of the two states, each graph's flattened, the mean
+   over graphs.
 
 3. Per run (with networkx, the `bench` extra): parents on graphs the project did not generate
    (`benchmarks/_generators.py`): networkx's random 3-regular, Barabasi-Albert, Watts-Strogatz,
@@ -23,8 +23,9 @@ as many as the training graphs' longest distance needs) are then scored on every
    with their own weights), 16 sources each (2 graphs at 1024); with PyGSP, Minnesota's road
    network and an airfoil's mesh (2642 and 4253 nodes, by length), 2 sources each.
 
-`--quick`: one seed, one epoch of 100 steps, the dynamics at 16 and 64 nodes, two generators at
-64 nodes and one real graph: it exercises the code only.
+`--quick`: BFS's two models and the shortest paths' DEQ, one seed, one epoch of 100 steps, the
+evaluation and the dynamics at 16 and 64 nodes, two generators at 64 nodes and one real graph:
+it exercises the code only.
 """
 
 from __future__ import annotations
@@ -45,26 +46,21 @@ from . import _generators
 from ._harness import markdown_table, print_table, seeds_cell
 
 SEEDS = (0, 1, 2)
-SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
+SIZES = {16: 32, 64: 16, 256: 8}
+"""Nodes and graphs per family of the DEQs' dynamics."""
 STARTS = 3
 
 
-WEIGHTED = ("shortest-paths", "mst")
-"""The weighted algorithms run beside BFS (`--quick`: the shortest paths' DEQ alone)."""
-
-
 def _runs(quick: bool) -> list[tuple[str, str, dict, int]]:
-    """(case, model, settings, seed) of every training run: BFS (the propagation block's case),
-    then each weighted algorithm (`nn.ImplicitGraphAttention`)."""
-    seeds = (0,) if quick else SEEDS
-    bfs = [(f"{m} propagation", m, {}, seed) for seed in seeds for m in ("deq", "explicit")]
-    weighted = [
+    """(case, model, settings, seed) of every training run, algorithm by algorithm (`--quick`:
+    BFS's pair and the shortest paths' DEQ)."""
+    runs = [
         (f"{m} {algorithm}", m, {"algorithm": algorithm}, seed)
-        for algorithm in WEIGHTED
-        for seed in seeds
+        for algorithm in graphs.ALGORITHMS
+        for seed in ((0,) if quick else SEEDS)
         for m in ("deq", "explicit")
     ]
-    return bfs + (weighted[:1] if quick else weighted)
+    return runs[:3] if quick else runs
 
 
 def _train(model: str, settings: dict, seed: int, out: Path, quick: bool) -> dict:
@@ -73,64 +69,66 @@ def _train(model: str, settings: dict, seed: int, out: Path, quick: bool) -> dic
     return train.train(graphs.GraphTask(config), out, progress=False)
 
 
-def _graph_set(n: int, count: int, family: str):
-    g = graphs.sample(family, n, count, seed=2000 + n)
-    x = graphs.features(g.source, n, jax.random.key(n))
-    return g, x
-
-
 @eqx.filter_jit
-def _solve(model, x, adjacency, budget, z0):
-    p = jax.vmap(lambda f, a, z: model.predict((f, a), budget=budget, z0=z))(x, adjacency, z0)
-    reach, scores = p.logits
-    return reach > 0, jnp.argmax(scores, -1), p.steps, p.converged, p.fixed_point
+def _solve(model, inputs, budget, z0):
+    """Parents, reachability flags and fixed points of a batch, from the states `z0`."""
+    p = jax.vmap(lambda x, z: model.predict(x, budget=budget, z0=z))(inputs, z0)
+    return jax.vmap(graphs.choose_parent)(*p.logits, *inputs[1:3]), p.fixed_point
 
 
-def _right(g, reach, parent):
-    reachable, distance = graphs.bfs(*g)
-    parents = graphs.valid_parents(g.adjacency, distance)
-    return (reach == reachable) & np.take_along_axis(parents, parent[..., None], -1)[..., 0]
+def _independence(model, inputs, budget) -> tuple[float, float]:
+    """The fixed point from `STARTS` random starts (normal, the state's scale; its flag channel
+    too) against the one from zeros: the lowest share of nodes whose parents agree, and the
+    lowest asymptotic alignment (Anil et al. 2022: the cosine of the two states, each graph's
+    flattened, the mean over graphs)."""
+    count, n = inputs[0].shape
+    zeros = jnp.zeros((count, n, model.layer.cell.query.shape[0] + 1))
+    parent, z = jax.device_get(_solve(model, inputs, budget, zeros))
+    agree, align = [], []
+    for start in range(STARTS):
+        z0 = jax.random.normal(jax.random.key(100 + start), zeros.shape)
+        p2, z2 = jax.device_get(_solve(model, inputs, budget, z0))
+        agree.append(float((p2 == parent).mean()))
+        flat, flat2 = z.reshape(count, -1), z2.reshape(count, -1)
+        norms = np.linalg.norm(flat, axis=-1) * np.linalg.norm(flat2, axis=-1)
+        align.append(float(((flat * flat2).sum(-1) / np.maximum(norms, 1e-12)).mean()))
+    return min(agree), min(align)
 
 
-def _dynamics(model, sizes: dict[int, int]) -> list[dict]:
-    """Per family and size: steps against depth, no overthinking, path independence."""
-    rows = []
+def _dynamics(model, algorithm: str, sizes: dict[int, int]) -> list[dict]:
+    """Per family and size (up to 256 nodes): the share of valid parents at the budget rule and
+    at four times it with the stopping test off, solver steps against hops from the source
+    (the depth), and path independence from random starts."""
+    from eqattn.graphs._weighted import weighted_examples
+
     unstopped = eqx.tree_at(
-        lambda m: m.solver,
-        model,
-        Picard(rtol=0.0, atol=1e-30, max_steps=4 * graphs.budget_for(1024)),
+        lambda m: m.layer.solver, model, Picard(rtol=0.0, atol=1e-30, max_steps=4096)
     )
+    rows = []
     for n, count in sizes.items():
-        for family in graphs.FAMILIES if n <= 256 else ("path", "grid"):
-            g, x = _graph_set(n, count, family)
-            rule, zeros = graphs.budget_for(n), jnp.zeros((count, n, model.block.first.shape[0]))
-            reach, parent, steps, converged, z = jax.device_get(
-                _solve(model, x, g.adjacency, rule, zeros)
-            )
-            right = _right(g, reach, parent)
-            long = jax.device_get(_solve(unstopped, x, g.adjacency, 4 * rule, zeros))
-            agree, align = [], []
-            for start in range(STARTS):
-                z0 = jax.random.normal(jax.random.key(100 + start), zeros.shape)
-                r2, p2, _, _, z2 = jax.device_get(_solve(model, x, g.adjacency, rule, z0))
-                agree.append(float(((r2 == reach) & (p2 == parent)).mean()))
-                flat, flat2 = z.reshape(count, -1), z2.reshape(count, -1)
-                cos = (flat * flat2).sum(-1) / np.maximum(
-                    np.linalg.norm(flat, axis=-1) * np.linalg.norm(flat2, axis=-1), 1e-12
-                )
-                align.append(float(cos.mean()))
-            _, distance = graphs.bfs(*g)
+        if n > 256:
+            continue
+        for family in graphs.WEIGHTED_FAMILIES:
+            g = graphs.sample_weighted(family, n, count, seed=2000 + n)
+            rule = graphs.budget_for(n)
+            w = None if algorithm == "bfs" else g.weights
+            rule_out = graphs.predict(model, g.edges, g.source, weights=w, budget=rule)
+            long = graphs.predict(unstopped, g.edges, g.source, weights=w, budget=4 * rule)
+            inputs = tuple(map(jnp.asarray, weighted_examples(g, algorithm)[0]))
+            agree, align = _independence(model, inputs, jnp.asarray(rule))
             rows.append(
                 dict(
                     family=family,
                     n=n,
-                    depth=distance.max(-1).tolist(),
-                    steps=steps.tolist(),
-                    converged=float(converged.mean()),
-                    accuracy=float(right.mean()),
-                    accuracy_4x_unstopped=float(_right(g, long[0], long[1]).mean()),
-                    agreement_random_starts=min(agree),
-                    asymptotic_alignment=min(align),
+                    depth=graphs.hops(g).max(-1).tolist(),
+                    steps=rule_out.steps.tolist(),
+                    converged=float(rule_out.converged.mean()),
+                    accuracy=float(graphs.score_parents(g, rule_out.parent, algorithm).mean()),
+                    accuracy_4x_unstopped=float(
+                        graphs.score_parents(g, long.parent, algorithm).mean()
+                    ),
+                    agreement_random_starts=agree,
+                    asymptotic_alignment=align,
                 )
             )
     return rows
@@ -145,50 +143,14 @@ def _evaluate(out: Path, sizes: dict[int, int] | None) -> dict:
     return {"sizes": rows, "by_distance": graphs.distance_table(rows)}
 
 
-def _weighted_dynamics(model, algorithm: str, sizes: dict[int, int]) -> list[dict]:
-    """Per family and size (up to 256 nodes): the share of valid parents at the budget rule and
-    at four times it with the stopping test off, solver steps and hops from the source."""
-    from eqattn.graphs._weighted import weighted_examples
-    from eqattn.graphs._weighted_task import hops, right_parents
-
-    unstopped = eqx.tree_at(
-        lambda m: m.layer.solver, model, Picard(rtol=0.0, atol=1e-30, max_steps=4096)
-    )
-    rows = []
-    for n, count in sizes.items():
-        if n > 256:
-            continue
-        for family in graphs.WEIGHTED_FAMILIES:
-            g = graphs.sample_weighted(family, n, count, seed=2000 + n)
-            inputs, targets = weighted_examples(g, algorithm)
-            rule = graphs.budget_for(n)
-            rule_out = graphs.predict(model, g.edges, g.source, weights=g.weights, budget=rule)
-            long = graphs.predict(unstopped, g.edges, g.source, weights=g.weights, budget=4 * rule)
-            rows.append(
-                dict(
-                    family=family,
-                    n=n,
-                    depth=hops(g).max(-1).tolist(),
-                    steps=rule_out.steps.tolist(),
-                    converged=float(rule_out.converged.mean()),
-                    accuracy=float(right_parents(rule_out.parent, inputs, targets).mean()),
-                    accuracy_4x_unstopped=float(right_parents(long.parent, inputs, targets).mean()),
-                )
-            )
-    return rows
-
-
-def _parents_right(model, g, algorithm: str | None) -> np.ndarray:
-    """Per node: both answers right (BFS: reachability and a parent) or a valid parent."""
-    if algorithm is None:
-        d = _generators.dense(g)
-        out = graphs.predict(model, g.edges, g.source)
-        return _right(d, out.reachable, out.parent)
-    out = graphs.predict(model, g.edges, g.source, weights=g.weights)
+def _parents_right(model, g, algorithm: str) -> np.ndarray:
+    """Per node: a valid parent (and so reachability right)."""
+    weights = None if algorithm == "bfs" else g.weights
+    out = graphs.predict(model, g.edges, g.source, weights=weights)
     return graphs.score_parents(g, out.parent, algorithm)
 
 
-def _generated(model, algorithm: str | None, quick: bool) -> list[dict]:
+def _generated(model, algorithm: str, quick: bool) -> list[dict]:
     """Per networkx generator and size, and per real graph: the share of nodes answered right
     at the budget rule (`graphs.predict`'s default)."""
     sets = []
@@ -245,16 +207,12 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             )
             rows.append(row)
             loaded = graphs.load_model(out)
-            algorithm = settings.get("algorithm")
+            algorithm = settings["algorithm"]
             if _generators.available():
                 generated = _generated(loaded, algorithm, quick)
                 rows += [dict(part="generators", case=case, seed=seed, **r) for r in generated]
             if model == "deq":
-                dynamics = (
-                    _weighted_dynamics(loaded, algorithm, sizes)
-                    if algorithm
-                    else _dynamics(loaded, sizes)
-                )
+                dynamics = _dynamics(loaded, algorithm, sizes)
                 rows += [dict(part="dynamics", case=case, seed=seed, **d) for d in dynamics]
     _print(rows)
     return rows, {"sizes": sizes, "seeds": [0] if quick else list(SEEDS), "starts": STARTS}
@@ -271,7 +229,7 @@ def _cases(rows):
 
 def _print(rows) -> None:
     for case, runs in _cases(rows).items():
-        print(f"\n{case} ({len(runs)} seed(s)): both answers right at the budget rule")
+        print(f"\n{case} ({len(runs)} seed(s)): a valid parent at the budget rule")
         keys = list(runs[0]["accuracy"])
         table = [{"at": k, "acc": _median([r["accuracy"][k] for r in runs])} for k in keys]
         print_table(table, [("at", "family@nodes", "s"), ("acc", "median", ".4f")])
@@ -287,15 +245,15 @@ def _print(rows) -> None:
         ]
         print_table(table, [("at", "graph@nodes", "s"), ("acc", "share", ".4f")])
     dyn = [r for r in rows if r["part"] == "dynamics"]
-    print("\nDEQ dynamics (seed 0): steps - depth, 4x unstopped, random starts (BFS)")
+    print("\nDEQ dynamics (seed 0): steps - depth, 4x unstopped, random starts")
     print_table(
         [
             dict(
                 at=f"{r['family']}@{r['n']}",
                 extra=max(s - d for s, d in zip(r["steps"], r["depth"])),
                 long=r["accuracy_4x_unstopped"],
-                agree=r.get("agreement_random_starts", float("nan")),
-                align=r.get("asymptotic_alignment", float("nan")),
+                agree=r["agreement_random_starts"],
+                align=r["asymptotic_alignment"],
             )
             for r in dyn
             if r["seed"] == 0
@@ -319,7 +277,7 @@ def _cell(values) -> str:
 
 
 def _groups(cases: dict) -> dict[str, dict]:
-    """The cases by algorithm ("propagation": BFS), in order."""
+    """The cases by algorithm, in order."""
     out: dict[str, dict] = {}
     for case, runs in cases.items():
         out.setdefault(case.split(" ", 1)[1], {})[case] = runs
@@ -389,12 +347,11 @@ def table(payload) -> str:
         for key in dict.fromkeys((r["case"], f"{r['family']}@{r['n']}") for r in dyn):
             rs = [r for r in dyn if (r["case"], f"{r['family']}@{r['n']}") == key]
             extra = max(max(s - d for s, d in zip(r["steps"], r["depth"])) for r in rs)
-            bfs = "agreement_random_starts" in rs[0]
             body.append(
                 [key[0], key[1], f"{_median([max(r['depth']) for r in rs]):.0f}", f"{extra}",
                  _cell([r["accuracy_4x_unstopped"] for r in rs]),
-                 _cell([r["agreement_random_starts"] for r in rs]) if bfs else "-",
-                 f"{min(r['asymptotic_alignment'] for r in rs):.3f}" if bfs else "-"]
+                 _cell([r["agreement_random_starts"] for r in rs]),
+                 f"{min(r['asymptotic_alignment'] for r in rs):.3f}"]
             )  # fmt: skip
         out += "\n\n" + markdown_table(
             [

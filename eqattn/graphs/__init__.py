@@ -1,9 +1,10 @@
-"""The graph task: a parent for every node by breadth-first search (and reachability), shortest
+"""The graph task: reachability and a parent for every node by breadth-first search, shortest
 paths or the minimum spanning tree from a source (`ALGORITHMS`), on graphs generated on the fly
 (no download, fixed seeds) from families whose diameter grows with their size; the references
-(numpy BFS, scipy's Dijkstra and spanning tree), the models (a DEQ and its explicit twin), training
-(`GraphConfig`, `GraphTask`, `eqattn train --task graphs`) and predictions of a trained model (see
-the guide "Graph reasoning").
+(numpy BFS, scipy's Dijkstra and spanning tree), the models (one DEQ for every algorithm, the
+library's `nn.ImplicitGraphAttention`, and its explicit twin), training (`GraphConfig`,
+`GraphTask`, `eqattn train --task graphs`) and predictions of a trained model (see the guide
+"Graph reasoning").
 
 ```python
 from eqattn import graphs, train
@@ -14,7 +15,7 @@ g = graphs.sample("grid", 1024, 2, seed=0)
 out = graphs.predict(model, g.adjacency, g.source)  # parents, reachability, solver steps
 out = graphs.predict(model, graphs.edge_list(g.adjacency), g.source)  # or an edge list
 
-config = graphs.GraphConfig(algorithm="shortest-paths")  # weighted: nn.ImplicitGraphAttention
+config = graphs.GraphConfig(algorithm="shortest-paths")  # the same model, weights as features
 train.train(graphs.GraphTask(config), "runs/graphs/paths")
 w = graphs.sample_weighted("delaunay", 4096, 1, seed=0)
 out = graphs.predict(graphs.load_model("runs/graphs/paths"), w.edges, w.source, weights=w.weights)
@@ -29,16 +30,10 @@ from ._bfs import bfs as bfs, check_graphs as check_graphs, valid_parents as val
 from ._config import GraphConfig as GraphConfig
 from ._edges import EdgeList as EdgeList, choose_parent as choose_parent, edge_list as edge_list
 from ._families import FAMILIES as FAMILIES, Graphs as Graphs, sample as sample
-from ._model import (
-    IDENTITY_DIM as IDENTITY_DIM,
-    GraphDEQ as GraphDEQ,
-    GraphStack as GraphStack,
-    Propagation as Propagation,
-)
+from ._model import GraphDEQ as GraphDEQ, GraphStack as GraphStack
 from ._predict import (
     GraphPrediction as GraphPrediction,
     budget_for as budget_for,
-    features as features,
     predict as predict,
 )
 from ._scores import distance_table as distance_table
@@ -55,16 +50,11 @@ from ._weighted import (
     from_edges as from_edges,
     sample_weighted as sample_weighted,
 )
-from ._weighted_model import (
-    WeightedGraphDEQ as WeightedGraphDEQ,
-    WeightedGraphStack as WeightedGraphStack,
-)
 from ._weighted_task import hops as hops, score_parents as score_parents
 
 __all__ = [
     "ALGORITHMS",
     "FAMILIES",
-    "IDENTITY_DIM",
     "ConfigError",
     "EdgeList",
     "GraphConfig",
@@ -73,18 +63,14 @@ __all__ = [
     "GraphStack",
     "GraphTask",
     "Graphs",
-    "Propagation",
     "RunError",
     "WEIGHTED_FAMILIES",
-    "WeightedGraphDEQ",
-    "WeightedGraphStack",
     "WeightedGraphs",
     "bfs",
     "budget_for",
     "check_graphs",
     "choose_parent",
     "edge_list",
-    "features",
     "from_edges",
     "hops",
     "load_model",

@@ -8,9 +8,9 @@ from ..train import Config, ConfigError, at_least, setting
 from ._families import FAMILIES
 from ._weighted import ALGORITHMS, WEIGHTED_FAMILIES
 
-WEIGHTED_DIM = 22
-"""The weighted algorithms' DEQ width: 22 channels, 11 of them bottleneck channels (100
-parameters, as the explicit twin's 16 steps of 2 channels)."""
+DIM = 22
+"""The DEQ's width: 22 channels, 11 of them bottleneck channels (100 parameters, as the
+explicit twin's 16 steps of 2 channels)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,16 +31,13 @@ class GraphConfig(Config):
     ```
     """
 
-    # Measured in the graphs guide: the propagation block of width 16 solved by Picard
-    # iteration (a step moves what a node knows one edge) with the Jacobian-free gradient, 40
-    # solver steps while training (2 x 16 + 8: the rule for the largest training graphs).
-    # The explicit model: 16 untied blocks, as many as the training graphs' longest distance
-    # (15) needs, so that it can solve its training distribution (at 4 it reaches 4 hops: 69%
-    # in distribution); its width is then 7 for equal parameters. For the weighted algorithms
-    # (`WEIGHTED_DIM`) the DEQ's state has 22 channels and the twin's 2: 100 parameters each.
-    dim: int = setting(  # None: resolved in __post_init__
-        None, "the DEQ's width (None: 16 for bfs, 22 for the others)"
-    )
+    # Measured in the graphs guide and the findings page: `nn.ImplicitGraphAttention` of
+    # width `DIM` solved by Picard iteration (a step moves what a node knows one edge) with the
+    # Jacobian-free gradient, 40 solver steps while training (2 x 16 + 8: the rule for the
+    # largest training graphs). The explicit model: 16 untied steps, as many as the training
+    # graphs' longest distance (15) needs, so that it can solve its training distribution; its
+    # width is then 2 for equal parameters (100 each).
+    dim: int = setting(DIM, "the DEQ's width (state channels, half of them bottlenecks)")
     depth: int = 16
     solver: str = "picard"
     adjoint: str = "jacobian-free"
@@ -60,8 +57,6 @@ class GraphConfig(Config):
     epoch_steps: int = setting(200, "optimizer steps per epoch (each ends with validation)")
 
     def __post_init__(self):
-        if self.dim is None:  # the algorithm's default, recorded as a number
-            object.__setattr__(self, "dim", 16 if self.algorithm == "bfs" else WEIGHTED_DIM)
         super().__post_init__()
         at_least(self, ("epoch_steps",), 1)
         weighted_only = set(self.families or ()) - set(FAMILIES)

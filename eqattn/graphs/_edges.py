@@ -1,5 +1,4 @@
-"""Graphs as edge lists, the form the models read above `DENSE_UP_TO` nodes: a step costs
-O(E), not O(n^2).
+"""Graphs as edge lists, the form the models read: a step costs O(E), not O(n^2).
 
 An undirected edge is two directed ones; the edge `j -> i` carries node j's message to node i
 (`adjacency[i, j]`). A batch is padded to one edge count with edges whose receiver is `n`, out
@@ -41,16 +40,9 @@ class EdgeList(NamedTuple):
     num_nodes: int
 
 
-DENSE_UP_TO = 128
-"""Graphs of at most this many nodes are read as dense adjacencies, larger ones as edge lists
-(in training, evaluation and `predict` alike).
-On a CPU a dense step over a small graph is a few matrix products, where the edge list's
-segment sums are scatters that XLA runs update by update: training the first run's pair on
-graphs of 8-16 nodes took twice as long over edges (and 2.5x the step's memory), while at 1024
-nodes a segment sum takes a fiftieth of the dense product (the findings page)."""
 EDGES_PER_NODE = 8
-"""Training graphs read as edge lists are padded to this many directed edges per node (one
-shape for every batch: the step traces once); a drawn graph with more is drawn again."""
+"""Training graphs are padded to this many directed edges per node (one shape for every batch:
+the step traces once); a drawn graph with more is drawn again."""
 
 
 def bucket(size: int) -> int:
@@ -121,17 +113,6 @@ def check_edges(graph: EdgeList, source) -> tuple[EdgeList, np.ndarray]:
     if np.any((src < 0) | (src >= n)):
         raise ConfigError(f"`source` must be in 0 .. {n - 1}; got {src.tolist()}")
     return EdgeList(s.astype(np.int32), r.astype(np.int32), int(n)), src.astype(np.int64)
-
-
-def parent_targets(senders, receivers, distance) -> tuple[np.ndarray, np.ndarray]:
-    """Per edge, whether its sender is a valid BFS parent of its receiver (a neighbour one edge
-    closer to the source: `[B, E]`), and per node whether it is its own (the source and the
-    unreachable: `[B, n]`)."""
-    d = np.asarray(distance)
-    padded = np.concatenate([d, np.full((d.shape[0], 1), -1)], axis=1)  # receiver n: padding
-    dr = np.take_along_axis(padded, receivers, 1)
-    ds = np.take_along_axis(padded, senders, 1)
-    return (dr > 0) & (ds == dr - 1), d <= 0
 
 
 def _with_self(scores, own, senders, receivers):

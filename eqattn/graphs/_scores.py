@@ -5,48 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ._bfs import bfs, valid_parents
-from ._data import examples
-from ._edges import bucket as edge_bucket
-from ._families import FAMILIES, sample
-from ._predict import budget_for, solve_batch
-
-SIZES = {16: 32, 64: 16, 256: 8, 1024: 2}
-"""Nodes per graph, and how many graphs of each family are scored at that size."""
-LARGEST = ("path", "grid")
-"""The families scored at 1024 nodes too (a path's far end is 1023 edges from its source)."""
-SWEEP = (0.25, 0.5, 1.0, 4.0)
-"""The budgets a DEQ is scored at, as multiples of the rule (`graphs.budget_for`), up to 256
-nodes (at 1024, the rule alone)."""
-BUCKETS = ((0, 4), (5, 16), (17, 64), (65, 256), (257, 1024))
-"""Distances from the source, for the accuracy by distance (and the unreachable nodes)."""
-
-
-def _score(model, adjacency, source, budget) -> tuple[dict[str, Any], np.ndarray]:
-    """The shares of nodes with each answer right at `budget`, and per node whether both are
-    (graphs above `DENSE_UP_TO` nodes read as edge lists, padded to a power of two of edges)."""
-    real = np.ones(adjacency.shape[:2], bool)
-    edges = edge_bucket(int(adjacency.sum((1, 2)).max()))
-    inputs, (reach, *_) = examples(adjacency, source, real, np.random.default_rng(7), edges)
-    solved = solve_batch(model, inputs[0], tuple(inputs[1:]), jnp.asarray(budget))
-    got, parent, steps, converged = jax.device_get(solved)
-    parents = valid_parents(adjacency, bfs(adjacency, source)[1])
-    right_reach = got == reach
-    right_parent = np.take_along_axis(parents, parent[..., None], -1)[..., 0]
-    both = right_reach & right_parent
-    row = dict(
-        max_steps=int(budget),
-        accuracy=float(both.mean()),
-        reach_accuracy=float(right_reach.mean()),
-        parent_accuracy=float(right_parent.mean()),
-        mean_steps=float(steps.mean()),
-        converged=float(converged.mean()),
-    )
-    return row, both
+BUCKETS = ((0, 4), (5, 16), (17, 64), (65, 256), (257, 1024), (1025, 4096))
+"""Hops from the source, for the accuracy by distance (and the unreachable nodes)."""
 
 
 def _by_distance(distance: np.ndarray, both: np.ndarray) -> dict[str, list[int]]:
@@ -60,43 +22,8 @@ def _by_distance(distance: np.ndarray, both: np.ndarray) -> dict[str, list[int]]
 
 
 FAR = {256: 2, 1024: 1}
-"""The larger graphs a finished run is scored on by distance (every family at 256 nodes, paths
-and grids at 1024): 16 to 64 times the training graphs' size."""
-
-
-def evaluate_bfs(
-    model, config, budgets: list[int] | None, tick=None, sizes=SIZES, sweep: bool = True
-) -> list[dict[str, Any]]:
-    """One row per family and size (`sizes`: nodes and graphs per family): the graphs' largest
-    distance, the scores at the budget rule and (a DEQ, up to 256 nodes, with `sweep`) against
-    the budget (`budgets`, else `SWEEP` times the rule), stopping at the first budget within
-    which every solve converged, and the rule's scores by distance from the source."""
-    rows = []
-    for n, count in sizes.items():
-        for family in FAMILIES:
-            if n > 256 and family not in LARGEST:
-                continue
-            g = sample(family, n, count, seed=1000 + n)
-            _, distance = bfs(*g)
-            rule = budget_for(n)
-            at_rule, both = _score(model, g.adjacency, g.source, rule)
-            row = dict(family=family, n=n, graphs=count, max_distance=int(distance.max()))
-            row.update(budget_rule=rule, at_rule=at_rule, by_distance=_by_distance(distance, both))
-            if sweep and config.model == "deq" and n <= 256:
-                row["sweep"] = _sweep(model, g, budgets or [int(f * rule) for f in SWEEP])
-            rows.append(row)
-            if tick is not None:
-                tick()
-    return rows
-
-
-def _sweep(model, g, budgets: list[int]) -> list[dict[str, Any]]:
-    rows = []
-    for budget in sorted(set(budgets)):
-        rows.append(_score(model, g.adjacency, g.source, budget)[0])
-        if rows[-1]["converged"] >= 1.0:
-            break
-    return rows
+"""The larger graphs a finished run is scored on by distance (every family at 256 and 1024
+nodes): 16 to 64 times the training graphs' size."""
 
 
 def distance_table(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -111,7 +38,7 @@ def distance_table(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
 
 
 def distance_lines(by_model: dict[str, dict[str, list[int]]]) -> list[str]:
-    """Each model's accuracy (both answers right) by distance from the source, side by side:
+    """Each model's accuracy (a valid parent) by hops from the source, side by side:
     `by_model` maps a model to its `distance_table`."""
     first = next(iter(by_model.values()))
     lines = ["distance      nodes" + "".join(f"{model:>10}" for model in by_model)]
@@ -126,14 +53,12 @@ def distance_lines(by_model: dict[str, dict[str, list[int]]]) -> list[str]:
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """The lines of a graphs run's evaluation (what `eqattn evaluate` prints)."""
     deq = result["model"] == "deq"
-    algorithm = result.get("algorithm", "bfs")
-    what = "reachability, the parent and both right" if algorithm == "bfs" else "a valid parent"
     lines = [
-        f"graphs ({result['model']} model, {algorithm}): {what}, per family and size"
+        f"graphs ({result['model']} model, {result['algorithm']}): reachability and a valid "
+        "parent, per family and size"
         + (f", at the solver budget rule {result['budget_rule']}" if deq else ""),
-        "family        nodes  graphs  max dist  budget  steps  converged  reachable  parent     both",
+        "family        nodes  graphs  max hops  budget  steps  converged  reachable   parent",
     ]
-    deq = result["model"] == "deq"
     for r in result["sizes"]:
         a = r["at_rule"]
         solve = (
@@ -143,16 +68,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"{r['family']:<12} {r['n']:>6} {r['graphs']:>7} {r['max_distance']:>9} {solve} "
-            f"{a['reach_accuracy']:>10.2%} {a['parent_accuracy']:>7.2%} {a['accuracy']:>8.2%}"
+            f"{a['reach_accuracy']:>10.2%} {a['parent_accuracy']:>8.2%}"
         )
         if "sweep" in r and len(r["sweep"]) > 1:
             cells = [f"{s['max_steps']}: {s['accuracy']:.1%}" for s in r["sweep"]]
             last = r["sweep"][-1]
             done = f" (all converged at {last['max_steps']})" if last["converged"] >= 1.0 else ""
             lines.append("    against the budget: " + ", ".join(cells) + done)
-    lines.append(
-        "by distance from the source (every family and size): both answers right"
-        if algorithm == "bfs"
-        else "by hops from the source (every family and size): a valid parent"
-    )
+    lines.append("by hops from the source (every family and size): a valid parent")
     return lines + distance_lines({result["model"]: result["by_distance"]})

@@ -1,6 +1,6 @@
-"""The graph task: reachability and a BFS parent for every node of graphs drawn on the fly,
-trained on small graphs and tested on graphs up to 64 times larger, where a DEQ's solve takes as
-many steps as the graph is deep."""
+"""The graph task: reachability and a parent for every node (`ALGORITHMS`) of graphs drawn on
+the fly, trained on small graphs and tested on graphs up to 256 times larger, where a DEQ's solve
+takes as many steps as the graph is deep."""
 
 from __future__ import annotations
 
@@ -10,20 +10,17 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import train
 from ..train import AbstractTask, ConfigError, Headline, progress_bar, run_line, with_shape
 from ._config import GraphConfig
-from ._data import draw, examples, node_scores
 from ._edges import EDGES_PER_NODE
 from ._families import FAMILIES
 from ._model import GraphDEQ, GraphStack
 from ._predict import budget_for
-from ._scores import FAR, SIZES, distance_lines, distance_table, evaluate_bfs, summary_lines
+from ._scores import FAR, distance_lines, distance_table, summary_lines
 from ._weighted import WEIGHTED_FAMILIES, draw_weighted, weighted_examples
-from ._weighted_model import WeightedGraphDEQ, WeightedGraphStack
 from ._weighted_task import (
     WEIGHTED_SIZES,
     evaluate_weighted,
@@ -36,77 +33,29 @@ VALIDATION_GRAPHS = 192
 """Graphs of the training sizes scored after each epoch (a fixed set), and at the end (another)."""
 
 
-def make_train_step(config: GraphConfig, optimizer):
-    """The BFS optimizer step (`Step`); `stats` = (share of nodes with both answers right,
-    mean solver steps, mean relative residual, share converged)."""
-
-    def scored(logits, inputs, targets):
-        loss, right_reach, right_parent = node_scores(logits, inputs, targets)
-        return loss, right_reach & right_parent
-
-    return make_step(config.training_budget, optimizer, scored)
-
-
-class _Bfs:
-    """Reachability and BFS parents on unweighted graphs: the propagation models, dense up to
-    `DENSE_UP_TO` nodes."""
+class _Algorithm:
+    """An algorithm's data, models, loss and evaluation: graphs drawn as edge lists (BFS's with
+    every weight 1), the library's `nn.ImplicitGraphAttention` or its explicit twin."""
 
     def __init__(self, config: GraphConfig, families: tuple[str, ...]):
         self.config, self.families = config, families
-
-    def draw(self, rng, count: int, sizes: tuple[int, int]):
-        adjacency, source, real = draw(rng, count, sizes, self.families)
-        return examples(adjacency, source, real, rng)
-
-    def fixed(self, seed: int, count: int, sizes: tuple[int, int]):
-        """A fixed set of examples (the graphs and the identity vectors each from `seed`)."""
-        adjacency, source, real = draw(np.random.default_rng(seed), count, sizes, self.families)
-        return examples(adjacency, source, real, np.random.default_rng(seed))
-
-    def build_model(self, key, dtype):
-        config = self.config
-        if config.model == "deq":
-            solver, adjoint = config.deq_solver(), config.deq_adjoint()
-            ratio = config.mlp_ratio or 2.0
-            return GraphDEQ(
-                config.dim, key=key, mlp_ratio=ratio, solver=solver, adjoint=adjoint, dtype=dtype
-            )
-        return GraphStack(
-            config.width, config.depth, key=key, mlp_ratio=config.mlp_ratio, dtype=dtype
-        )
-
-    def train_step(self, optimizer):
-        return make_train_step(self.config, optimizer)
-
-    def accuracy(self, model, inputs, targets) -> dict[str, float]:
-        return _accuracy(model, inputs, targets)
-
-    def evaluate(self, model, budgets, tick, sizes=SIZES, sweep=True):
-        return evaluate_bfs(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
-
-
-class _Weighted(_Bfs):
-    """Shortest paths or the minimum spanning tree on weighted graphs: the library's
-    `nn.ImplicitGraphAttention` over edge lists."""
 
     def draw(self, rng, count: int, sizes: tuple[int, int]):
         g, real = draw_weighted(rng, count, sizes, self.families, EDGES_PER_NODE * sizes[1])
         return weighted_examples(g, self.config.algorithm, real)
 
     def fixed(self, seed: int, count: int, sizes: tuple[int, int]):
+        """A fixed set of examples (the graphs from `seed`)."""
         return self.draw(np.random.default_rng(seed), count, sizes)
 
     def build_model(self, key, dtype):
         config = self.config
         if config.model == "deq":
-            return WeightedGraphDEQ(
-                config.dim,
-                key=key,
-                solver=config.deq_solver(),
-                adjoint=config.deq_adjoint(),
-                dtype=dtype,
+            solver, adjoint = config.deq_solver(), config.deq_adjoint()
+            return GraphDEQ(
+                config.dim, config.algorithm, key=key, solver=solver, adjoint=adjoint, dtype=dtype
             )
-        return WeightedGraphStack(config.width, config.depth, key=key, dtype=dtype)
+        return GraphStack(config.width, config.depth, config.algorithm, key=key, dtype=dtype)
 
     def train_step(self, optimizer):
         return make_step(self.config.training_budget, optimizer, parent_scores)
@@ -118,11 +67,10 @@ class _Weighted(_Bfs):
         return evaluate_weighted(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
 
 
-def _algorithm(config: GraphConfig) -> _Bfs:
+def _algorithm(config: GraphConfig) -> _Algorithm:
     """The algorithm's data, models, loss and evaluation."""
-    if config.algorithm == "bfs":
-        return _Bfs(config, tuple(config.families or FAMILIES))
-    return _Weighted(config, tuple(config.families or WEIGHTED_FAMILIES))
+    default = FAMILIES if config.algorithm == "bfs" else WEIGHTED_FAMILIES
+    return _Algorithm(config, tuple(config.families or default))
 
 
 def evaluate_sizes(
@@ -139,11 +87,12 @@ def evaluate_sizes(
 
 
 class GraphTask(AbstractTask):
-    """Graphs of `graph_sizes` nodes from `families` (all of `FAMILIES` by default), drawn
-    afresh for every step; after each epoch a fixed set of graphs of the same sizes is scored
-    (the validation score keeps `best.eqx`), at the end another, and graphs of 64 nodes.
-    `evaluate` scores every family at 16, 64 and 256 nodes (1024 for paths and grids) against
-    the solver's budget, and by distance from the source.
+    """Graphs of `graph_sizes` nodes from `families` (by default all of `FAMILIES` for `bfs`,
+    of `WEIGHTED_FAMILIES` for the others), drawn afresh for every step; after each epoch a
+    fixed set of graphs of the same sizes is scored (the validation score keeps `best.eqx`), at
+    the end another, and graphs of 64 nodes. `evaluate` scores every weighted family (BFS reads
+    their weights as 1) at 16 to 4096 nodes, against the solver's budget up to 256, and by hops
+    from the source.
 
     **Example:**
 
@@ -151,13 +100,14 @@ class GraphTask(AbstractTask):
     from eqattn import graphs
 
     task = graphs.GraphTask(graphs.GraphConfig())
-    (features, adjacency), (reach, parents, real) = task.example_batch()
-    assert adjacency.shape == (32, 16, 16) and features.shape == (32, 16, 17)
+    (anchors, senders, receivers, weights), (edge_ok, self_ok, real) = task.example_batch()
+    assert anchors.shape == (32, 16) and senders.shape == weights.shape == (32, 128)
+    assert set(weights[receivers < 16].tolist()) == {1.0}  # bfs: every edge's weight 1
     ```
     """
 
     name = "graphs"
-    description = "reachability and BFS parents on graphs, trained small and tested large"
+    description = "reachability and parents (BFS, shortest paths, spanning trees) on graphs, trained small and tested large"
     config_type = GraphConfig
     score = "train_accuracy"
     bar_name = "acc"
@@ -179,7 +129,7 @@ class GraphTask(AbstractTask):
     @classmethod
     def build_model(cls, config, key, *, dtype=None):
         """A [`GraphDEQ`][eqattn.graphs.GraphDEQ], or a [`GraphStack`][eqattn.graphs.GraphStack]
-        of `depth` blocks of the explicit `width` and `mlp_ratio`."""
+        of `depth` steps of the explicit `width`."""
         if config.model == "explicit":
             config = with_shape(cls.build_model, config)
         return _algorithm(config).build_model(key, dtype)
@@ -272,29 +222,6 @@ class GraphTask(AbstractTask):
             "accuracy (reachability and parent right) by distance from the source"
         )
         return [head, *distance_lines(tables)]
-
-
-def _accuracy(model, inputs, targets) -> dict[str, float]:
-    """The shares of real nodes with reachability, the parent, and both right, and the solves'
-    statistics, at the budget rule of the graphs' size."""
-    n = targets[2].shape[1]
-    p = _predict_batch(model, inputs, jnp.asarray(budget_for(n)))
-    _, right_reach, right_parent = node_scores(p.logits, inputs, targets)
-    real = np.asarray(targets[2])
-    share = lambda x: float(np.sum(np.asarray(x) & real) / np.sum(real))  # noqa: E731
-    return dict(
-        accuracy=share(np.asarray(right_reach) & np.asarray(right_parent)),
-        reach_accuracy=share(right_reach),
-        parent_accuracy=share(right_parent),
-        mean_solver_steps=float(np.mean(p.steps)),
-        mean_relative_residual=float(np.mean(p.residual)),
-        converged=float(np.mean(p.converged)),
-    )
-
-
-@eqx.filter_jit
-def _predict_batch(model, inputs, budget):
-    return jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
 
 
 def load_model(run: str | os.PathLike, *, max_steps: int | None = None) -> eqx.Module:

@@ -205,10 +205,19 @@ def mst_parents(g: WeightedGraphs) -> np.ndarray:
     return out
 
 
+def unit_weights(g: WeightedGraphs) -> WeightedGraphs:
+    """`g` with every edge's weight 1 (padding 0): breadth-first search is shortest paths on
+    these."""
+    return g._replace(weights=(g.edges.receivers < g.edges.num_nodes).astype(np.float32))
+
+
 def edge_targets(g: WeightedGraphs, algorithm: str) -> tuple[np.ndarray, np.ndarray]:
     """Per edge whether its sender is a valid parent of its receiver `[B, E]`, per node whether
-    it is its own `[B, n]`: on a shortest path (any one where paths tie, within a relative 1e-6)
-    or the spanning tree's parent; the source and the unreachable are their own."""
+    it is its own `[B, n]`: on a shortest path (any one where paths tie, within a relative 1e-6;
+    `bfs`: counting edges) or the spanning tree's parent; the source and the unreachable are
+    their own."""
+    if algorithm == "bfs":
+        g = unit_weights(g)
     s, r, n = g.edges
     real = r < n
     rc = np.minimum(r, n - 1)
@@ -261,8 +270,10 @@ def draw_weighted(
 
 
 def weighted_examples(g: WeightedGraphs, algorithm: str, real=None):
-    """A batch as the weighted models read it, with its targets: `((anchors [B, n], senders,
-    receivers, weights [B, E]), (edge_ok [B, E], self_ok [B, n], real [B, n]))`."""
+    """A batch as the models read it, with its targets: `((anchors [B, n], senders, receivers,
+    weights [B, E]), (edge_ok [B, E], self_ok [B, n], real [B, n]))`; `bfs` reads every weight
+    as 1."""
+    g = unit_weights(g) if algorithm == "bfs" else g
     n = g.edges.num_nodes
     anchors = np.arange(n) == g.source[:, None]
     edge_ok, self_ok = edge_targets(g, algorithm)
