@@ -120,15 +120,16 @@ def _check_text_frontier(payload):
 
 
 def _check_graphs(payload):
-    """The DEQ answers right on every graph of the quick run's sizes; the explicit model does
+    """BFS's DEQ answers right on every graph of the quick run's sizes; the explicit model does
     not beyond its depth; the shortest paths' DEQ, after its 100 steps, gets at least 90% of
     the parents on every family at 16 and 64 nodes, and on the graphs of networkx's generators
     and its real graph; the dynamics rows are there."""
     runs = {r["case"]: r for r in payload["rows"] if r["part"] == "run"}
-    assert set(runs) == {"deq propagation", "explicit propagation", "deq shortest-paths"}
+    assert set(runs) == {"deq bfs", "explicit bfs", "deq shortest-paths"}
     paths = runs["deq shortest-paths"]["accuracy"]
     assert set(paths) >= {"geometric@64", "delaunay@16"} and min(paths.values()) >= 0.9
-    deq, explicit = runs["deq propagation"], runs["explicit propagation"]
+    deq, explicit = runs["deq bfs"], runs["explicit bfs"]
+    assert min(deq["accuracy"].values()) == 1.0
     assert abs(explicit["params"] - deq["params"]) <= 0.05 * deq["params"]
     far = explicit["by_distance"]["17-64"]
     assert far[0] < far[1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 from ..train import Config, ConfigError, at_least, setting
-from ._families import FAMILIES
 from ._weighted import ALGORITHMS, WEIGHTED_FAMILIES
 
 DIM = 22
@@ -18,8 +17,8 @@ class GraphConfig(Config):
     """A graph run: a parent for every node by `algorithm` (`bfs`: reachability and a BFS
     parent; `shortest-paths`: a parent on a shortest path; `mst`: the parent in the minimum
     spanning tree rooted at the source), learned on graphs of `graph_sizes` nodes from
-    `families` (None: all of `FAMILIES`, or of `WEIGHTED_FAMILIES` for the weighted
-    algorithms), drawn afresh for every one of the `epoch_steps` optimizer steps of an epoch.
+    `families` (None: all of `FAMILIES` for `bfs`, which reads every weight as 1, of
+    `WEIGHTED_FAMILIES` for the others), drawn afresh for every one of the `epoch_steps` optimizer steps of an epoch.
 
     **Example:**
 
@@ -59,13 +58,6 @@ class GraphConfig(Config):
     def __post_init__(self):
         super().__post_init__()
         at_least(self, ("epoch_steps",), 1)
-        weighted_only = set(self.families or ()) - set(FAMILIES)
-        if self.algorithm == "bfs" and weighted_only:
-            raise ConfigError(
-                f"`families` {', '.join(sorted(weighted_only))} are drawn with weights: the "
-                f"weighted algorithms only (`algorithm` shortest-paths or mst); bfs reads "
-                f"{', '.join(FAMILIES)}"
-            )
         low, high = self.graph_sizes
         if not 2 <= low <= high:
             raise ConfigError(

@@ -1,5 +1,5 @@
 """The graph data and models: the families' shapes, BFS against scipy's shortest paths, the BFS
-parents, the API's refusals, and permutation equivariance of every model kind."""
+parents and the task's targets, the API's refusals, and permutation equivariance of both models."""
 
 import equinox as eqx
 import jax
@@ -82,7 +82,7 @@ def test_bad_graphs_are_refused_in_one_line():
         ((a, np.array([0.0, 1.0])), "`source` must be integers of shape [2]"),
         ((a, np.array([0])), "`source` must be integers of shape [2]"),
     ]
-    model = graphs.GraphDEQ(8, key=jax.random.key(0))
+    model = graphs.GraphDEQ(4, "bfs", key=jax.random.key(0))
     for (adjacency, src), message in cases:
         for call in (graphs.bfs, lambda x, y: graphs.predict(model, x, y)):
             with pytest.raises(ValueError) as error:
@@ -95,95 +95,100 @@ def test_bad_graphs_are_refused_in_one_line():
 
 
 MODELS = {
-    "deq propagation": lambda k: graphs.GraphDEQ(8, key=k),
-    "explicit propagation": lambda k: graphs.GraphStack(8, 3, key=k),
+    "deq": lambda k, algorithm: graphs.GraphDEQ(6, algorithm, key=k),
+    "explicit": lambda k, algorithm: graphs.GraphStack(2, 3, algorithm, key=k),
 }
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_models_are_permutation_equivariant(name):
-    """Permuting a graph's nodes (with their inputs) permutes the reachability logits and the
-    parent scores alike, and changes no solve's statistics (float64)."""
-    model = MODELS[name](jax.random.key(0))
-    model = jax.tree.map(lambda x: x.astype(jnp.float64) if eqx_float(x) else x, model)
-    g = graphs.sample("erdos-renyi", 12, 1, seed=3)
-    x = graphs.features(g.source, 12, jax.random.key(1)).astype(jnp.float64)[0]
-    a = jnp.asarray(g.adjacency[0])
-    order = np.random.default_rng(0).permutation(12)
-    p = model.predict((x, a), budget=60)
-    q = model.predict((x[order], a[order][:, order]), budget=60)
-    np.testing.assert_allclose(q.logits[0], p.logits[0][order], rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(q.logits[1], p.logits[1][order][:, order], rtol=1e-9, atol=1e-9)
-    assert int(q.steps) == int(p.steps)
+def _float64(model):
+    return jax.tree.map(lambda x: x.astype(jnp.float64) if eqx_float(x) else x, model)
 
 
 def eqx_float(x) -> bool:
     return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
 
 
+@pytest.mark.parametrize("name", list(MODELS))
+def test_models_are_permutation_equivariant(name):
+    """Relabelling a graph's nodes (its edges kept in order) permutes each node's own score,
+    leaves each edge's score as it was, and changes no solve's statistics (float64, an untrained
+    model, random weights)."""
+    model = _float64(MODELS[name](jax.random.key(0), "shortest-paths"))
+    g = graphs.sample_weighted("erdos-renyi", 12, 1, seed=3)
+    s, r = g.edges.senders[0], g.edges.receivers[0]
+    anchors = np.arange(12) == g.source[0]
+    w = jnp.asarray(g.weights[0], jnp.float64)
+    order = np.random.default_rng(0).permutation(12)
+    new = np.append(np.argsort(order), 12)  # old node -> its new index (12: padding stays)
+    p = model.predict((anchors, s, r, w), budget=60)
+    q = model.predict((anchors[order], new[s], new[r], w), budget=60)
+    np.testing.assert_allclose(q.logits[0], p.logits[0], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(q.logits[1], p.logits[1][order], rtol=1e-9, atol=1e-9)
+    assert int(q.steps) == int(p.steps)
+
+
 def test_predict_pads_inside_and_the_padding_changes_nothing():
-    """The graphs of one call are padded to a power of two of nodes and of graphs (isolated
-    nodes, empty graphs): an untrained model's answers for a graph are the same in a call of
-    its own size and padded to twice its nodes and of several graphs, with the same inputs."""
-    model = graphs.GraphDEQ(8, key=jax.random.key(2))
+    """The graphs of one call are padded to a power of two of nodes, edges and graphs (isolated
+    nodes, padding edges, empty graphs): an untrained model's answers for a graph are the same
+    in a call of its own size and padded to more nodes; an isolated node is unreachable."""
+    model = graphs.GraphDEQ(6, "bfs", key=jax.random.key(2))
     g = graphs.sample("tree", 16, 3, seed=0)
     alone = graphs.predict(model, g.adjacency, g.source)
     padded = np.zeros((3, 17, 17), bool)
     padded[:, :16, :16] = g.adjacency
     wide = graphs.predict(model, padded, g.source, budget=graphs.budget_for(16))
-    # the inputs (identity vectors) are drawn for the padded shape: compare the reachability,
-    # which the propagation block reads from the source's code alone, and the steps
+    np.testing.assert_array_equal(wide.parent[:, :16], alone.parent)
     np.testing.assert_array_equal(wide.reachable[:, :16], alone.reachable)
+    np.testing.assert_array_equal(wide.steps, alone.steps)
     assert not wide.reachable[:, 16].any() and (wide.parent[:, 16] == 16).all()
 
 
-def test_the_edge_list_form_computes_the_dense_form():
-    """Over an edge list (with padding edges), the block is dense attention masked by the
-    adjacency, the parent scores are the dense ones per edge, `choose_parent` is the dense
-    row's argmax over neighbours and self, and a permutation of the nodes permutes the answers
-    (float64, an Erdős–Rényi graph with isolated nodes)."""
-    model = graphs.GraphDEQ(6, key=jax.random.key(0))
-    model = jax.tree.map(lambda x: x.astype(jnp.float64) if eqx_float(x) else x, model)
-    g = graphs.sample("erdos-renyi", 14, 1, seed=5)
-    a = jnp.asarray(g.adjacency[0])
-    e = graphs.edge_list(g.adjacency, edges=int(a.sum()) + 5)  # five padding edges
-    s, r = jnp.asarray(e.senders[0]), jnp.asarray(e.receivers[0])
-    z = jax.random.normal(jax.random.key(1), (14, 6), jnp.float64)
-    np.testing.assert_allclose(model.block(z, s, r), model.block(z, a), atol=1e-12)
-    x = graphs.features(g.source, 14, jax.random.key(1)).astype(jnp.float64)[0]
-    dense, sparse = model.predict((x, a), budget=60), model.predict((x, s, r), budget=60)
-    assert int(dense.steps) == int(sparse.steps)
-    np.testing.assert_allclose(sparse.logits[0], dense.logits[0], atol=1e-12)
-    real = np.asarray(r) < 14
-    np.testing.assert_allclose(
-        sparse.logits[1][real], dense.logits[1][np.asarray(r)[real], np.asarray(s)[real]]
-    )
-    chosen = graphs.choose_parent(*sparse.logits[1:], s, r)
-    np.testing.assert_array_equal(chosen, jnp.argmax(dense.logits[1], -1))
-    order = np.random.default_rng(0).permutation(14)
-    new = np.append(np.argsort(order), 14)  # old node -> its new index (14: padding stays)
-    q = model.predict((x[order], jnp.asarray(new[s]), jnp.asarray(new[r])), budget=60)
-    np.testing.assert_allclose(q.logits[0], sparse.logits[0][order], atol=1e-9)
-    np.testing.assert_allclose(q.logits[1], sparse.logits[1], atol=1e-9)  # per edge
+def test_bfs_targets_are_the_numpy_bfs_parents_and_reachability_is_exact():
+    """BFS is shortest paths on unit weights: the task's per-edge targets are the neighbours
+    one edge closer (`valid_parents` of the numpy BFS), on graphs with unreachable nodes; and an
+    untrained model's reachability is the numpy BFS's (the solve's flag), at any size."""
+    from eqattn.graphs._weighted import edge_targets
+
+    model = graphs.GraphDEQ(6, "bfs", key=jax.random.key(0))
+    for n in (12, 300):
+        g = graphs.sample("erdos-renyi", n, 3, seed=0)
+        reachable, distance = graphs.bfs(*g)
+        assert not reachable.all()  # some nodes apart
+        parents = graphs.valid_parents(g.adjacency, distance)
+        e = graphs.edge_list(g.adjacency)
+        weighted = graphs.from_edges(n, [np.argwhere(np.triu(a)) for a in g.adjacency], g.source)
+        edge_ok, self_ok = edge_targets(weighted, "bfs")
+        for b in range(3):
+            real = weighted.edges.receivers[b] < n
+            ri, si = weighted.edges.receivers[b][real], weighted.edges.senders[b][real]
+            np.testing.assert_array_equal(edge_ok[b][real], parents[b, ri, si])
+            np.testing.assert_array_equal(self_ok[b], parents[b, np.arange(n), np.arange(n)])
+        out = graphs.predict(model, e, g.source)
+        np.testing.assert_array_equal(out.reachable, reachable)
 
 
-def test_predict_reads_large_graphs_and_edge_lists_as_edges_and_refuses_bad_ones():
-    """A 200-node graph (read as edges) gets the dense model's answers; an edge list gets its
-    adjacency's; a malformed one is refused in one line naming what is wrong."""
-    model = graphs.GraphDEQ(8, key=jax.random.key(3))
-    g = graphs.sample("grid", 200, 2, seed=1)
-    out = graphs.predict(model, g.adjacency, g.source, budget=40)
-    x = graphs.features(np.append(g.source, [0] * 6), 256, jax.random.key(0))[:2, :200]
-    for b in range(2):
-        p = model.predict((x[b], jnp.asarray(g.adjacency[b])), budget=40)
-        np.testing.assert_array_equal(out.parent[b], np.argmax(p.logits[1], -1))
-        np.testing.assert_array_equal(out.reachable[b], p.logits[0] > 0)
+def test_predict_reads_edge_lists_as_their_adjacency_and_refuses_bad_ones():
+    """An edge list (with more padding than the rule's) gets its adjacency's answers, and the
+    answers are the model's own on each graph; a malformed one is refused in one line naming
+    what is wrong."""
+    model = graphs.GraphDEQ(6, "shortest-paths", key=jax.random.key(3))
     small = graphs.sample("tree", 20, 2, seed=1)
+    upper = np.triu(np.random.default_rng(0).uniform(0.1, 1.0, (2, 20, 20)), 1)
+    dense_w = np.where(small.adjacency, upper + np.swapaxes(upper, 1, 2), 0.0)
     e = graphs.edge_list(small.adjacency, edges=100)  # more padding than the rule's
-    np.testing.assert_array_equal(
-        graphs.predict(model, e, small.source).parent,
-        graphs.predict(model, small.adjacency, small.source).parent,
-    )
+    rows = np.arange(2)[:, None]
+    w = np.where(e.receivers < 20, dense_w[rows, np.minimum(e.receivers, 19), e.senders], 0.0)
+    out = graphs.predict(model, e, small.source, weights=w, budget=40)
+    dense = graphs.predict(model, small.adjacency, small.source, weights=dense_w, budget=40)
+    np.testing.assert_array_equal(out.parent, dense.parent)  # random weights: no ties
+    for b in range(2):
+        anchors = np.arange(20) == small.source[b]
+        x = (anchors, e.senders[b], e.receivers[b], w[b].astype(np.float32))
+        p = model.predict(x, budget=40)
+        np.testing.assert_array_equal(
+            out.parent[b], graphs.choose_parent(*p.logits, e.senders[b], e.receivers[b])
+        )
+    model = graphs.GraphDEQ(6, "bfs", key=jax.random.key(3))
     one_way = e.receivers.copy()
     one_way[0, 0] = 20  # drop one direction of an edge
     cases = [
@@ -200,41 +205,26 @@ def test_predict_reads_large_graphs_and_edge_lists_as_edges_and_refuses_bad_ones
         assert message in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(ValueError, match="`source` must be in 0 .. 19"):
         graphs.predict(model, e, np.array([0, 20]))
+    with pytest.raises(ValueError, match="`model` must be a graph model"):
+        graphs.predict(eqx.nn.Identity(), e, small.source)
+    with pytest.raises(ValueError, match="`algorithm` must be one of bfs"):
+        graphs.GraphDEQ(6, "dfs", key=jax.random.key(0))
 
 
-def test_the_training_loss_over_edges_is_the_dense_loss():
-    """Above 128 nodes `examples` gives edge lists: the loss and the answers' rightness are the
-    dense form's on the same graphs (float64), and a training step on them runs."""
-    from eqattn.graphs._data import draw, examples, node_scores
-
-    model = graphs.GraphDEQ(6, key=jax.random.key(0))
-    model = jax.tree.map(lambda x: x.astype(jnp.float64) if eqx_float(x) else x, model)
-    rng = np.random.default_rng(0)
-    adjacency, source, real = draw(rng, 3, (120, 130), graphs.FAMILIES, pad=130)
-    (x, s, r), targets = examples(adjacency, source, real, np.random.default_rng(1))
-    assert s.shape == (3, 8 * 130) and len(targets[1]) == 2  # edges: (edge_ok, self_ok)
-    x = jnp.asarray(x, jnp.float64)
-
-    def scored(*graph):
-        logits = jax.vmap(lambda *a: model.predict(a, budget=20).logits)(x, *graph)
-        return logits
-
-    sparse = node_scores(scored(s, r), (x, s, r), targets)
-    _, distance = graphs.bfs(adjacency, source)
-    dense_targets = (targets[0], graphs.valid_parents(adjacency, distance), real)
-    dense = node_scores(scored(jnp.asarray(adjacency)), (x, adjacency), dense_targets)
-    np.testing.assert_allclose(sparse[0], dense[0], rtol=1e-9, atol=1e-9)
-    np.testing.assert_array_equal(sparse[1], dense[1])
-    np.testing.assert_array_equal(sparse[2], dense[2])
-    # one optimizer step of the task on these edge lists (float32, as training runs)
+@pytest.mark.float32
+def test_one_bfs_training_step():
+    """The BFS task's batch reads every weight as 1, and one optimizer step on it runs and
+    moves the model."""
     import optax
 
-    from eqattn.graphs._task import make_train_step
-
-    optimizer = optax.adam(1e-3)
-    model32 = graphs.GraphDEQ(6, key=jax.random.key(0))
-    step = make_train_step(graphs.GraphConfig(), optimizer)
-    inputs = (jnp.asarray(x, jnp.float32), s, r)
-    state = optimizer.init(eqx.filter(model32, eqx.is_array))
-    new, _, loss, _, _ = eqx.filter_jit(step)(model32, state, inputs, targets, None, None)
-    assert np.isfinite(float(loss)) and not np.allclose(new.block.first, model32.block.first)
+    task = graphs.GraphTask(graphs.GraphConfig(batch_size=4))
+    inputs, targets = task.example_batch()
+    model = task.build_model(task.config, jax.random.key(0))
+    assert model.algorithm == "bfs"
+    optimizer = optax.adam(1e-2)
+    step = graphs.GraphTask.train_step(task.config, optimizer)
+    state = optimizer.init(eqx.filter(model, eqx.is_array))
+    data = tuple(map(jnp.asarray, inputs)), tuple(map(jnp.asarray, targets))
+    new, _, loss, stats, _ = eqx.filter_jit(step)(model, state, *data, None, None)
+    assert np.isfinite(float(loss)) and 0 <= float(stats[0]) <= 1
+    assert not np.allclose(new.layer.cell.query, model.layer.cell.query)

@@ -76,8 +76,11 @@ def _exact_model():
     soft Bellman-Ford at beta 1e5 (float32), the bottleneck channels unread. Its solve stops at
     rtol 1e-6: the stopping test is on the whole state's norm, and at 1e-4 two far nodes of
     4096 were still moving when it stopped (their parents then off by 1e-4)."""
-    model = graphs.WeightedGraphDEQ(
-        2, key=jax.random.key(0), solver=Picard(rtol=1e-6, atol=1e-6, max_steps=4096)
+    model = graphs.GraphDEQ(
+        2,
+        "shortest-paths",
+        key=jax.random.key(0),
+        solver=Picard(rtol=1e-6, atol=1e-6, max_steps=4096),
     )
     cell = model.layer.cell
     return eqx.tree_at(
@@ -109,8 +112,8 @@ def test_answers_do_not_change_when_every_weight_is_scaled():
     (exact in floating point) every answer of an untrained model is the same; the exact model
     answers road-map lengths (mean edge 1e-3) as right as unit-square ones."""
     g = graphs.sample_weighted("delaunay", 200, 2, seed=5)
-    for model in (graphs.WeightedGraphDEQ(6, key=jax.random.key(2)),
-                  graphs.WeightedGraphStack(2, 4, key=jax.random.key(2))):  # fmt: skip
+    for model in (graphs.GraphDEQ(6, "mst", key=jax.random.key(2)),
+                  graphs.GraphStack(2, 4, "mst", key=jax.random.key(2))):  # fmt: skip
         base = graphs.predict(model, g.edges, g.source, weights=g.weights)
         scaled = graphs.predict(model, g.edges, g.source, weights=g.weights * 1024.0)
         assert (base.parent == scaled.parent).all() and (base.steps == scaled.steps).all()
@@ -121,7 +124,7 @@ def test_answers_do_not_change_when_every_weight_is_scaled():
 
 @pytest.mark.float32
 def test_predict_dense_equals_edges():
-    model = graphs.WeightedGraphDEQ(6, key=jax.random.key(1))  # untrained: any map
+    model = graphs.GraphDEQ(6, "shortest-paths", key=jax.random.key(1))  # untrained: any map
     g = graphs.sample_weighted("geometric", 30, 2, seed=4)
     s, r, n = g.edges
     adjacency = np.zeros((2, n, n), bool)
@@ -137,8 +140,8 @@ def test_predict_dense_equals_edges():
 
 @pytest.mark.float32
 def test_predict_refusals():
-    weighted = graphs.WeightedGraphDEQ(4, key=jax.random.key(0))
-    bfs = graphs.GraphDEQ(8, key=jax.random.key(0))
+    weighted = graphs.GraphDEQ(4, "shortest-paths", key=jax.random.key(0))
+    bfs = graphs.GraphDEQ(4, "bfs", key=jax.random.key(0))
     g = graphs.sample("path", 4, 1, seed=0)
     w = g.adjacency.astype(np.float32)
     cases = [
@@ -161,10 +164,11 @@ def test_predict_refusals():
             graphs.predict(weighted, e, g.source, weights=weights)
 
 
-def test_config_refuses_weighted_families_for_bfs():
-    with pytest.raises(ValueError, match="drawn with weights"):
-        graphs.GraphConfig(families=("delaunay",))
-    assert graphs.GraphConfig(algorithm="mst", families=("delaunay",)).dim == 22
+def test_bfs_reads_the_geometric_families_with_unit_weights():
+    task = graphs.GraphTask(graphs.GraphConfig(families=("delaunay",), batch_size=2))
+    (_, _, receivers, weights), _ = task.example_batch()
+    assert set(weights[receivers < 16].tolist()) == {1.0}
+    assert graphs.GraphConfig(algorithm="mst").dim == graphs.GraphConfig().dim == 22
 
 
 @pytest.mark.float32
