@@ -230,13 +230,13 @@ def _graphs(fig, rows):
             family, n = key.split("@")
             if family == "path":
                 by_size[r["case"]].append((int(n), 100 * value))
-    _lines(axes[0], by_size, "nodes (paths)", "both answers right (%)", "seed 0", logy=False)
+    _lines(axes[0], by_size, "nodes (paths)", "valid parents (%)", "seed 0", logy=False)
     buckets = list(runs[0]["by_distance"]) if runs else []
     for r in runs:
         shares = [100 * right / max(total, 1) for right, total in r["by_distance"].values()]
         axes[1].plot(range(len(shares)), shares, marker="o", label=r["case"])
     axes[1].set_xticks(range(len(buckets)), buckets, fontsize=7)
-    axes[1].set(xlabel="distance from the source", ylabel="both right (%)", title="by distance")
+    axes[1].set(xlabel="hops from the source", ylabel="valid parents (%)", title="by hops")
     axes[1].grid(True, alpha=0.3)
     axes[1].legend(fontsize=7)
     dynamics = [r for r in rows if r["part"] == "dynamics" and r["seed"] == 0]

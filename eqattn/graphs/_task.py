@@ -208,8 +208,8 @@ class GraphTask(AbstractTask):
 
     @classmethod
     def comparison(cls, runs):
-        """Each run's accuracy by distance from the source on graphs of `FAR`'s sizes (every
-        family at 256 nodes, paths and grids at 1024), side by side."""
+        """Each run's accuracy by hops from the source on graphs of `FAR`'s sizes (every family
+        at 256 and 1024 nodes), side by side."""
         tables = {}
         for model, run in runs.items():
             loaded = train.load_model(Path(run), cls)
@@ -219,7 +219,7 @@ class GraphTask(AbstractTask):
         sizes = " and ".join(map(str, FAR))
         head = (
             f"trained on graphs of {low}-{high} nodes, tested on graphs of {sizes} nodes: "
-            "accuracy (reachability and parent right) by distance from the source"
+            "a valid parent by hops from the source"
         )
         return [head, *distance_lines(tables)]
 
