@@ -29,6 +29,7 @@ from ..train import ConfigError as ConfigError, RunError as RunError
 from ._bfs import bfs as bfs, check_graphs as check_graphs, valid_parents as valid_parents
 from ._config import GraphConfig as GraphConfig
 from ._edges import EdgeList as EdgeList, choose_parent as choose_parent, edge_list as edge_list
+from ._evaluation import hops as hops, score_parents as score_parents
 from ._families import FAMILIES as FAMILIES, Graphs as Graphs, sample as sample
 from ._model import GraphDEQ as GraphDEQ, GraphStack as GraphStack
 from ._predict import (
@@ -50,7 +51,6 @@ from ._weighted import (
     from_edges as from_edges,
     sample_weighted as sample_weighted,
 )
-from ._weighted_task import hops as hops, score_parents as score_parents
 
 __all__ = [
     "ALGORITHMS",

@@ -16,18 +16,18 @@ from .. import train
 from ..train import AbstractTask, ConfigError, Headline, progress_bar, run_line, with_shape
 from ._config import GraphConfig
 from ._edges import EDGES_PER_NODE
+from ._evaluation import (
+    SIZES,
+    evaluate_parents,
+    make_step,
+    parent_accuracy,
+    parent_scores,
+)
 from ._families import FAMILIES
 from ._model import GraphDEQ, GraphStack
 from ._predict import budget_for
 from ._scores import FAR, distance_lines, distance_table, summary_lines
 from ._weighted import WEIGHTED_FAMILIES, draw_weighted, weighted_examples
-from ._weighted_task import (
-    WEIGHTED_SIZES,
-    evaluate_weighted,
-    make_step,
-    parent_scores,
-    weighted_accuracy,
-)
 
 VALIDATION_GRAPHS = 192
 """Graphs of the training sizes scored after each epoch (a fixed set), and at the end (another)."""
@@ -61,10 +61,10 @@ class _Algorithm:
         return make_step(self.config.training_budget, optimizer, parent_scores)
 
     def accuracy(self, model, inputs, targets) -> dict[str, float]:
-        return weighted_accuracy(model, inputs, targets, budget_for(targets[2].shape[1]))
+        return parent_accuracy(model, inputs, targets, budget_for(targets[2].shape[1]))
 
-    def evaluate(self, model, budgets, tick, sizes=WEIGHTED_SIZES, sweep=True):
-        return evaluate_weighted(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
+    def evaluate(self, model, budgets, tick, sizes=SIZES, sweep=True):
+        return evaluate_parents(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
 
 
 def _algorithm(config: GraphConfig) -> _Algorithm:

@@ -92,7 +92,7 @@ def _exact_model():
 
 def _share_right(out, g, algorithm):
     (inputs, targets) = weighted_examples(g, algorithm)
-    from eqattn.graphs._weighted_task import right_parents
+    from eqattn.graphs._evaluation import right_parents
 
     return right_parents(out.parent, inputs, targets).mean()
 

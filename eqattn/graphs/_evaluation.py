@@ -1,6 +1,6 @@
-"""The weighted algorithms of the graph task (shortest paths, minimum spanning trees): the
-training step's loss, the scores of a model on a batch, and the evaluation by family, size, hops
-from the source and solver budget."""
+"""The graph task's loss and scores for every algorithm: the training step's loss, the scores of
+a model on a batch, and the evaluation by family, size, hops from the source and solver
+budget."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def right_reach(parent: np.ndarray, targets) -> np.ndarray:
     return (parent == np.arange(parent.shape[1])) == self_ok
 
 
-def weighted_accuracy(model, inputs, targets, budget: int) -> dict[str, float]:
+def parent_accuracy(model, inputs, targets, budget: int) -> dict[str, float]:
     """The shares of real nodes with a valid parent and with reachability right, and the
     solves' statistics."""
     parent, steps, converged = jax.device_get(
@@ -146,18 +146,18 @@ def hops(g: WeightedGraphs) -> np.ndarray:
     return np.stack(out)
 
 
-WEIGHTED_SIZES = {16: 32, 64: 16, 256: 4, 1024: 2, 4096: 1}
+SIZES = {16: 32, 64: 16, 256: 4, 1024: 2, 4096: 1}
 """Nodes per graph, and how many graphs of each family are scored at that size."""
-WEIGHTED_SWEEP = (0.25, 1.0, 4.0)
+SWEEP = (0.25, 1.0, 4.0)
 """The budgets a DEQ is scored at up to 256 nodes, as multiples of the rule."""
 
 
-def evaluate_weighted(
+def evaluate_parents(
     model,
     config,
     budgets: list[int] | None,
     tick=None,
-    sizes=WEIGHTED_SIZES,
+    sizes=SIZES,
     sweep: bool = True,
     families=None,
 ) -> list[dict[str, Any]]:
@@ -183,7 +183,7 @@ def evaluate_weighted(
             row = dict(family=family, n=n, graphs=count, max_distance=int(h.max()))
             row.update(budget_rule=rule, at_rule=at_rule, by_distance=_by_distance(h, right))
             if sweep and config.model == "deq" and n <= 256:
-                chosen = sorted(set(budgets or [int(f * rule) for f in WEIGHTED_SWEEP]))
+                chosen = sorted(set(budgets or [int(f * rule) for f in SWEEP]))
                 row["sweep"] = [at_rule if b == rule else solve(b)[0] for b in chosen]
             rows.append(row)
             if tick is not None:
