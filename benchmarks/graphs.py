@@ -214,6 +214,9 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             if model == "deq":
                 dynamics = _dynamics(loaded, algorithm, sizes)
                 rows += [dict(part="dynamics", case=case, seed=seed, **d) for d in dynamics]
+            # every run compiles its programs again (each graph shape, each budget): free the
+            # last run's, or a process of 18 runs exhausts the memory maps the CPU JIT needs
+            jax.clear_caches()
     _print(rows)
     return rows, {"sizes": sizes, "seeds": [0] if quick else list(SEEDS), "starts": STARTS}
 
