@@ -71,7 +71,7 @@ def _train(model: str, settings: dict, seed: int, out: Path, quick: bool) -> dic
 
 @eqx.filter_jit
 def _solve(model, inputs, budget, z0):
-    """Parents, reachability flags and fixed points of a batch, from the states `z0`."""
+    """Parents and fixed points of a batch, the solves starting from the states `z0`."""
     p = jax.vmap(lambda x, z: model.predict(x, budget=budget, z0=z))(inputs, z0)
     return jax.vmap(graphs.choose_parent)(*p.logits, *inputs[1:3]), p.fixed_point
 

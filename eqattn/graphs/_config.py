@@ -18,7 +18,8 @@ class GraphConfig(Config):
     parent; `shortest-paths`: a parent on a shortest path; `mst`: the parent in the minimum
     spanning tree rooted at the source), learned on graphs of `graph_sizes` nodes from
     `families` (None: all of `FAMILIES` for `bfs`, which reads every weight as 1, of
-    `WEIGHTED_FAMILIES` for the others), drawn afresh for every one of the `epoch_steps` optimizer steps of an epoch.
+    `WEIGHTED_FAMILIES` for the others), drawn afresh for every one of the `epoch_steps`
+    optimizer steps of an epoch.
 
     **Example:**
 

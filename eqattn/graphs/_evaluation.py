@@ -42,15 +42,14 @@ def parent_scores(logits, inputs, targets):
     return jax.vmap(parent_loss_and_right)(floored, own, senders, receivers, edge_ok, self_ok)
 
 
-def make_step(budget: int, optimizer, scored):
-    """A graph algorithm's optimizer step (`Step`) on `model.predict` at `budget` solver steps:
-    `scored(logits, inputs, targets)` gives each node's loss and whether its answers are right;
-    stats = (share of real nodes right, mean solver steps, mean relative residual, share
-    converged)."""
+def make_step(budget: int, optimizer):
+    """The graph task's optimizer step (`Step`) on `model.predict` at `budget` solver steps, the
+    loss `parent_scores`; stats = (share of real nodes with a valid parent, mean solver steps,
+    mean relative residual, share converged)."""
 
     def loss_fn(model, inputs, targets):
         p = jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
-        loss, right = scored(p.logits, inputs, targets)
+        loss, right = parent_scores(p.logits, inputs, targets)
         real = targets[2].astype(loss.dtype)
         nodes = jnp.sum(real)
         accuracy = jnp.sum(right * real) / nodes

@@ -21,7 +21,6 @@ from ._evaluation import (
     evaluate_parents,
     make_step,
     parent_accuracy,
-    parent_scores,
 )
 from ._families import FAMILIES
 from ._model import GraphDEQ, GraphStack
@@ -58,7 +57,7 @@ class _Algorithm:
         return GraphStack(config.width, config.depth, config.algorithm, key=key, dtype=dtype)
 
     def train_step(self, optimizer):
-        return make_step(self.config.training_budget, optimizer, parent_scores)
+        return make_step(self.config.training_budget, optimizer)
 
     def accuracy(self, model, inputs, targets) -> dict[str, float]:
         return parent_accuracy(model, inputs, targets, budget_for(targets[2].shape[1]))
@@ -107,7 +106,10 @@ class GraphTask(AbstractTask):
     """
 
     name = "graphs"
-    description = "reachability and parents (BFS, shortest paths, spanning trees) on graphs, trained small and tested large"
+    description = (
+        "reachability and parents (BFS, shortest paths, spanning trees) on graphs, "
+        "trained small and tested large"
+    )
     config_type = GraphConfig
     score = "train_accuracy"
     bar_name = "acc"

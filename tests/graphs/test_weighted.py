@@ -172,10 +172,15 @@ def test_bfs_reads_the_geometric_families_with_unit_weights():
 
 
 @pytest.mark.float32
-def test_one_training_step():
-    task = graphs.GraphTask(graphs.GraphConfig(algorithm="shortest-paths", batch_size=4))
+@pytest.mark.parametrize("algorithm", ["bfs", "shortest-paths"])
+def test_one_training_step(algorithm):
+    """One optimizer step of the task runs and moves the model (BFS's batch: every weight 1)."""
+    task = graphs.GraphTask(graphs.GraphConfig(algorithm=algorithm, batch_size=4))
     inputs, targets = task.example_batch()
     model = task.build_model(task.config, jax.random.key(0))
+    assert model.algorithm == algorithm
+    if algorithm == "bfs":
+        assert set(inputs[3][inputs[2] < 16].tolist()) == {1.0}
     optimizer = optax.adam(1e-2)
     step = graphs.GraphTask.train_step(task.config, optimizer)
     state = optimizer.init(eqx.filter(model, eqx.is_array))
