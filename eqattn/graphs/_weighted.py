@@ -199,7 +199,12 @@ def mst_parents(g: WeightedGraphs) -> np.ndarray:
     s, r, n = g.edges
     out = np.tile(np.arange(n), (len(g.source), 1))
     for b in range(len(g.source)):
-        tree = minimum_spanning_tree(_matrix(s[b], r[b], g.weights[b], n))
+        # scipy's spanning tree drops edges of weight 0 (zero-length roads); the tree depends
+        # only on the weights' order, which adding the least positive weight to each keeps
+        w = g.weights[b].astype(np.float64)
+        positive = w[(r[b] < n) & (w > 0)]
+        shift = positive.min() if positive.size else 1.0
+        tree = minimum_spanning_tree(_matrix(s[b], r[b], w + shift, n))
         _, pred = breadth_first_order(tree + tree.T, int(g.source[b]), directed=False)
         out[b, pred >= 0] = pred[pred >= 0]
     return out

@@ -71,6 +71,24 @@ def test_families_and_targets(family):
         assert (mst_self[b] == (prim[b] == np.arange(n))).all()
 
 
+def test_targets_with_zero_length_edges():
+    """Edges of weight 0 (a real road network has them) are edges: scipy's spanning tree drops
+    them, the targets must not. A bridge and a cycle's edge of length 0, against Prim."""
+    pairs = np.array([(0, 1), (1, 2), (2, 3), (3, 1), (3, 4), (4, 5)])
+    w = np.array([0.5, 0.0, 0.7, 0.2, 0.0, 0.3])
+    g = graphs.from_edges(6, [pairs], [0], weights=[w])
+    s, r, w2, n = _lists(g, 0)
+    prim = _prim(s, r, w2, 0, n)
+    assert (prim == [0, 0, 1, 1, 3, 4]).all()
+    assert (mst_parents(g)[0] == prim).all()
+    edge_ok, self_ok = edge_targets(g, "mst")
+    assert (self_ok[0] == (np.arange(6) == 0)).all()
+    d = _bellman_ford(s, r, w2, 0, n)
+    assert np.allclose(d, [0.0, 0.5, 0.5, 0.7, 0.7, 1.0])
+    edge_ok, self_ok = edge_targets(g, "shortest-paths")
+    assert (self_ok[0] == (np.arange(6) == 0)).all()
+
+
 def _exact_model():
     """A weighted DEQ whose one shift channel adds the weight and whose scores read minus it:
     soft Bellman-Ford at beta 1e5 (float32), the bottleneck channels unread. Its solve stops at
