@@ -35,6 +35,7 @@ SUITES = (
     "text_frontier",
     "graphs",
     "graphs_engine",
+    "spanning",
 )
 
 

@@ -23,10 +23,6 @@ every family at 16, 64, 256, 1024 and 4096 nodes, graphs drawn with seeds no tra
    with their own weights), 16 sources each (2 graphs at 1024); with PyGSP, Minnesota's road
    network and an airfoil's mesh (2642 and 4253 nodes, by length), 2 sources each.
 
-4. Spanning trees (numpy, no model; `benchmarks/_mst_levels.py`): how many entries of a path's
-   weights a node must carry for a local fixed point to name its tree parent, in two orders
-   (the weights sorted, the path's records), at 64, 1024 and 4096 nodes.
-
 `--quick`: BFS's two models and the shortest paths' DEQ, one seed, one epoch of 100 steps, the
 evaluation and the dynamics at 16 and 64 nodes, two generators at 64 nodes and one real graph:
 it exercises the code only.
@@ -46,7 +42,7 @@ import numpy as np
 
 from eqattn import Picard, graphs, train
 
-from . import _generators, _mst_levels
+from . import _generators
 from ._harness import markdown_table, print_table, seeds_cell
 
 SEEDS = (0, 1, 2)
@@ -221,7 +217,6 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             # every run compiles its programs again (each graph shape, each budget): free the
             # last run's, or a process of 18 runs exhausts the memory maps the CPU JIT needs
             jax.clear_caches()
-    rows += _mst_levels.levels({64: 2} if quick else None)
     _print(rows)
     return rows, {"sizes": sizes, "seeds": [0] if quick else list(SEEDS), "starts": STARTS}
 
@@ -333,7 +328,7 @@ def _generated_table(cases: dict, generated: list[dict]) -> str:
 def table(payload) -> str:
     """The graphs results file as Markdown: per algorithm, accuracy per family and size by case
     (median over the seeds, min-max) and by distance from the source (hops); the runs' sizes
-    and times; the DEQs' dynamics; the spanning trees' ties by entries carried."""
+    and times; the DEQs' dynamics."""
     rows = payload["rows"]
     cases = _cases(rows)
     generated = [r for r in rows if r["part"] == "generators"]
@@ -373,5 +368,4 @@ def table(payload) -> str:
             ],
             body,
         )
-    levels = _mst_levels.levels_table(rows)
-    return out + ("\n\n" + levels if levels else "")
+    return out

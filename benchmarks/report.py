@@ -13,7 +13,8 @@ from ._harness import RESULTS, load_results, result_paths, source_line  # noqa: 
 
 SUITES = (
     "core", "causal", "kernel", "training", "memory", "deq", "layers", "scaling", "ring",
-    "closure", "text", "text_frontier", "graphs", "graphs_engine", "compile",
+    "closure", "text", "text_frontier", "graphs", "graphs_engine", "spanning",
+    "compile",
 )  # fmt: skip
 
 

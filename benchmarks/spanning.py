@@ -1,5 +1,5 @@
-"""How much a node must carry for a local fixed point to name its spanning-tree parent (exact
-arithmetic, numpy; no model).
+"""`spanning`: how much a node must carry for a local fixed point to name its spanning-tree
+parent (exact arithmetic, numpy; no model), on every weighted family at 64, 1024 and 4096 nodes.
 
 In the minimum spanning tree rooted at the source, a node's path from the source is the least of
 its paths in two orders, each path read as a list of its edges' weights:
@@ -12,18 +12,21 @@ its paths in two orders, each path read as a list of its edges' weights:
   enters.
 
 A fixed point that carries a node's first k entries (each node's best from its neighbours' and
-the edge between them) names the parent wherever one neighbour's entries are least; this part
-counts the nodes where two or more neighbours tie in their first k, and checks that the full
-lists name Prim's parent (scipy's tree) everywhere."""
+the edge between them) names the parent wherever one neighbour's entries are least. Per order,
+family and size: the share of nodes (reachable, not the source) whose best neighbours tie in
+their first k entries, the entries' count (mean, max), and the nodes whose full lists do not
+name Prim's parent (scipy's tree), which must be none.
+
+`--quick`: 2 graphs of 64 nodes per family.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 
 import numpy as np
 
 from eqattn import graphs
-from eqattn.graphs._weighted import mst_parents
 
 from ._harness import markdown_table
 
@@ -40,43 +43,49 @@ def _sorted(path: tuple, w: float) -> tuple:
 
 
 def _ties(g: graphs.WeightedGraphs, b: int, extend) -> tuple[np.ndarray, int, list[int]]:
-    """Per k in `KS`, the nodes whose best neighbours tie in their first k entries; the nodes
-    whose full lists do not name Prim's parent (0 if the order is right); each node's entries."""
+    """Graph `b` by Dijkstra in the order `extend` makes: per k in `KS`, the nodes whose best
+    neighbours tie in their first k entries; the nodes whose best neighbour is not a parent in
+    scipy's tree (`graphs.score_parents`; 0 if the order is right); each node's entries."""
     s, r, n = g.edges
     real = r[b] < n
     s, r, w = s[b][real], r[b][real], g.weights[b][real].astype(np.float64)
-    source, parent = int(g.source[b]), mst_parents(g)[b]
-    weight = dict(zip(zip(s.tolist(), r.tolist()), w.tolist()))
-    paths: list[tuple | None] = [None] * n
-    paths[source] = ()
-    queue = deque([source])
-    children = [np.flatnonzero((parent == u) & (np.arange(n) != u)) for u in range(n)]
-    while queue:
-        u = queue.popleft()
-        for c in children[u]:
-            paths[c] = extend(paths[u], weight[(u, int(c))])
-            queue.append(int(c))
-    ties, wrong, lengths = np.zeros(len(KS), int), 0, []
+    source = int(g.source[b])
+    order = np.argsort(s, kind="stable")
+    starts = np.searchsorted(s[order], np.arange(n + 1))
+    best: list[tuple | None] = [None] * n
+    heap: list[tuple] = [((), source)]
+    while heap:
+        key, u = heapq.heappop(heap)
+        if best[u] is None:
+            best[u] = key
+            for e in order[starts[u] : starts[u + 1]]:
+                if best[r[e]] is None:
+                    heapq.heappush(heap, (extend(key, w[e]), int(r[e])))
+    ties, lengths, chosen = np.zeros(len(KS), int), [], np.arange(n)
     for i in range(n):
-        path = paths[i]
+        path = best[i]
         if i == source or path is None:
             continue
         lengths.append(len(path))
-        cand = [
-            (extend(paths[j], x), j) for j, x in zip(s[r == i], w[r == i]) if paths[j] is not None
-        ]
-        wrong += min(cand)[1] != parent[i]
+        into = r == i
+        cand = [(extend(best[j], x), int(j)) for j, x in zip(s[into], w[into])]
+        chosen[i] = min(cand)[1]
         for k, key in enumerate(KS):
             first = [c[:key] for c, _ in cand]
             ties[k] += first.count(min(first)) > 1
+    g1 = graphs.WeightedGraphs(
+        graphs.EdgeList(g.edges.senders[b : b + 1], g.edges.receivers[b : b + 1], n),
+        g.weights[b : b + 1],
+        g.source[b : b + 1],
+    )
+    wrong = int((~graphs.score_parents(g1, chosen[None], "mst")).sum())
     return ties, wrong, lengths
 
 
-def levels(sizes: dict[int, int] | None = None) -> list[dict]:
-    """Per order, family and size: the share of non-source reachable nodes whose best
-    neighbours tie at each k in `KS`, and the entries' count (the records' depth)."""
+def run(quick: bool = False) -> tuple[list[dict], dict]:
+    sizes = {64: 2} if quick else SIZES
     rows = []
-    for n, count in (sizes or SIZES).items():
+    for n, count in sizes.items():
         for f, family in enumerate(graphs.WEIGHTED_FAMILIES):
             # a seed per family: geometric and Delaunay graphs of the same points share a tree
             g = graphs.sample_weighted(family, n, count, seed=1000 + 10 * n + f)
@@ -87,7 +96,7 @@ def levels(sizes: dict[int, int] | None = None) -> list[dict]:
                     ties, wrong, lengths = ties + t, wrong + w, lengths + ln
                 rows.append(
                     dict(
-                        part="mst_levels",
+                        part="levels",
                         order=order,
                         family=family,
                         n=n,
@@ -99,14 +108,20 @@ def levels(sizes: dict[int, int] | None = None) -> list[dict]:
                         entries_max=int(max(lengths)),
                     )
                 )
-    return rows
+    for r in rows:
+        print(
+            f"{r['order']:8s} {r['family']:12s} {r['n']:5d}: tied at k = "
+            + ", ".join(f"{k}: {100 * r['tied'][str(k)]:.2f}%" for k in KS)
+            + f"; entries {r['entries_mean']:.1f} (max {r['entries_max']}); "
+            f"full lists miss {r['wrong_full']}"
+        )
+    return rows, {"sizes": sizes, "ks": list(KS)}
 
 
-def levels_table(rows: list[dict]) -> str:
-    """The `mst_levels` rows as Markdown: ties per k, entries (mean, max), full lists' misses."""
-    rows = [r for r in rows if r["part"] == "mst_levels"]
-    if not rows:
-        return ""
+def table(payload) -> str:
+    """The spanning results file as Markdown (four families): ties per k, entries (mean, max),
+    the full lists' misses."""
+    rows = [r for r in payload["rows"] if r["part"] == "levels"]
     body = [
         [r["order"], f"{r['family']} @ {r['n']}", *[f"{100 * r['tied'][str(k)]:.2f}%" for k in KS],
          f"{r['entries_mean']:.1f}, {r['entries_max']}", f"{r['wrong_full']}"]
