@@ -291,6 +291,19 @@ def _graphs_engine(fig, rows):
     )
 
 
+def _spanning(fig, rows):
+    axes = fig.subplots(1, 2)
+    n = max(r["n"] for r in rows)
+    for ax, order in zip(axes, ("records", "sorted")):
+        series = {
+            r["family"]: [(int(k), 100 * v) for k, v in r["tied"].items()]
+            for r in rows
+            if r["order"] == order and r["n"] == n
+        }
+        title = f"spanning tree, {order} order, {n} nodes"
+        _lines(ax, series, "entries carried (k)", "nodes tied (%)", title, logy=False)
+
+
 PLOTS = {
     "core": _core,
     "causal": _causal,
@@ -306,6 +319,7 @@ PLOTS = {
     "text_frontier": _text_frontier,
     "graphs": _graphs,
     "graphs_engine": _graphs_engine,
+    "spanning": _spanning,
 }
 
 
