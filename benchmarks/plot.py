@@ -293,6 +293,7 @@ def _graphs_engine(fig, rows):
 
 def _spanning(fig, rows):
     axes = fig.subplots(1, 2)
+    rows = [r for r in rows if r["part"] == "levels"]
     n = max(r["n"] for r in rows)
     for ax, order in zip(axes, ("records", "sorted")):
         series = {

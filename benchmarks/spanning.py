@@ -1,5 +1,5 @@
 """`spanning`: how much a node must carry for a local fixed point to name its spanning-tree
-parent (exact arithmetic, numpy; no model), on every weighted family at 64, 1024 and 4096 nodes.
+parent (no model is trained), on every weighted family at 64, 1024 and 4096 nodes.
 
 In the minimum spanning tree rooted at the source, a node's path from the source is the least of
 its paths in two orders, each path read as a list of its edges' weights:
@@ -17,21 +17,31 @@ family and size: the share of nodes (reachable, not the source) whose best neigh
 their first k entries, the entries' count (mean, max), and the nodes whose full lists do not
 name Prim's parent (scipy's tree), which must be none.
 
+Then a layer that carries k records (`benchmarks/_records_layer.py`, hand-set, float32): per
+family (Erdős–Rényi, grid, random geometric, Delaunay), size and k, the share of its parents
+that are right (`graphs.score_parents`) at the exact minima and at soft ones
+(`eqattn.graph_attention`), its steps, and the time of one step against one level's.
+
 `--quick`: 2 graphs of 64 nodes per family.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 
+import jax.numpy as jnp
 import numpy as np
 
 from eqattn import graphs
 
-from ._harness import markdown_table
+from . import _records_layer
+from ._harness import markdown_table, time_interleaved
 
 KS = (1, 2, 4, 8, 12)
 SIZES = {64: 16, 1024: 4, 4096: 2}
+LAYER_FAMILIES = ("erdos-renyi", "grid", "geometric", "delaunay")
+LAYER_KS = (1, 4, 8, 12)
 
 
 def _records(path: tuple, w: float) -> tuple:
@@ -115,18 +125,85 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             + f"; entries {r['entries_mean']:.1f} (max {r['entries_max']}); "
             f"full lists miss {r['wrong_full']}"
         )
-    return rows, {"sizes": sizes, "ks": list(KS)}
+    rows += _layer(sizes)
+    return rows, {"sizes": sizes, "ks": list(KS), "beta": _records_layer.BETA}
+
+
+def _layer(sizes: dict[int, int]) -> list[dict]:
+    """The hand-set records layer (`_records_layer`): per family, size, k and mode, the share of
+    right parents, the steps (max) and whether every solve stopped; per k and mode, the time of
+    one step on the largest Delaunay graph, against the one-level hard step's, round-robin."""
+    rows = []
+    for n, count in sizes.items():
+        for f, family in enumerate(LAYER_FAMILIES):
+            g = graphs.sample_weighted(family, n, count, seed=2000 + 10 * n + f)
+            for k in LAYER_KS:
+                for mode in ("hard", "soft"):
+                    out = [_records_layer.answer(g, b, k, mode == "soft") for b in range(count)]
+                    right, steps, done = zip(*out)
+                    rows.append(
+                        dict(part="layer", family=family, n=n, k=k, mode=mode,
+                             right=float(np.mean(right)), steps=max(steps), converged=all(done))
+                    )  # fmt: skip
+                    print(f"layer {family:12s} {n:5d} k={k:2d} {mode}: {rows[-1]}")
+    n = max(sizes)
+    g = graphs.sample_weighted("delaunay", n, 1, seed=3000 + n)
+    s, r, _ = g.edges
+    state = (jnp.zeros((n, 1)), jnp.ones(n))
+    w = jnp.asarray(g.weights[0] / g.weights[0][r[0] < n].mean(), jnp.float32)
+    cases = {
+        f"k={k} {mode}": (
+            functools.partial(_records_layer.step, n=n, k=k, soft=mode == "soft"),
+            (jnp.zeros((n, k)), state[1]), jnp.asarray(s[0]), jnp.asarray(r[0]), w, 0,
+        )
+        for k in LAYER_KS
+        for mode in ("hard", "soft")
+    }  # fmt: skip
+    timed = time_interleaved(cases)
+    base = timed["k=1 hard"]["median_s"]
+    for case, t in timed.items():
+        k, mode = case.split()
+        rows.append(
+            dict(part="step", n=n, k=int(k[2:]), mode=mode, ms=1e3 * t["median_s"],
+                 ratio=t["median_s"] / base)
+        )  # fmt: skip
+        print(
+            f"step {case} at {n} nodes: {1e3 * t['median_s']:.3f} ms, {t['median_s'] / base:.2f}x"
+        )
+    return rows
 
 
 def table(payload) -> str:
-    """The spanning results file as Markdown (four families): ties per k, entries (mean, max),
-    the full lists' misses."""
+    """The spanning results file as Markdown: ties per k, entries (mean, max) and the full
+    lists' misses (four families); the records layer's right parents per k (hard, soft), its
+    steps, and the time of a step."""
     rows = [r for r in payload["rows"] if r["part"] == "levels"]
     body = [
         [r["order"], f"{r['family']} @ {r['n']}", *[f"{100 * r['tied'][str(k)]:.2f}%" for k in KS],
          f"{r['entries_mean']:.1f}, {r['entries_max']}", f"{r['wrong_full']}"]
         for r in rows
-        if r["family"] in ("erdos-renyi", "geometric", "delaunay", "grid")
+        if r["family"] in LAYER_FAMILIES
     ]  # fmt: skip
     header = ["order", "family @ nodes", *[f"tied at k = {k}" for k in KS]]
-    return markdown_table([*header, "entries (mean, max)", "full lists miss"], body)
+    out = markdown_table([*header, "entries (mean, max)", "full lists miss"], body)
+    layer = [r for r in payload["rows"] if r["part"] == "layer"]
+    keys = list(dict.fromkeys((r["family"], r["n"]) for r in layer))
+    ks = list(dict.fromkeys(r["k"] for r in layer))
+
+    def cell(family, n, k):
+        hard, soft = (next(r for r in layer if (r["family"], r["n"], r["k"], r["mode"]) ==
+                           (family, n, k, m)) for m in ("hard", "soft"))  # fmt: skip
+        stopped = "" if hard["converged"] and soft["converged"] else " (not stopped)"
+        return f"{100 * hard['right']:.2f}%, {100 * soft['right']:.2f}%{stopped}"
+
+    body = [
+        [f"{family} @ {n}", *[cell(family, n, k) for k in ks],
+         f"{max(r['steps'] for r in layer if (r['family'], r['n']) == (family, n))}"]
+        for family, n in keys
+    ]  # fmt: skip
+    header = ["records layer (hard, soft)", *[f"k = {k}" for k in ks], "steps (max)"]
+    out += "\n\n" + markdown_table(header, body)
+    steps = [r for r in payload["rows"] if r["part"] == "step"]
+    body = [[f"k = {r['k']} {r['mode']}", f"{r['ms']:.3f}", f"{r['ratio']:.2f}x"] for r in steps]
+    n = steps[0]["n"] if steps else 0
+    return out + "\n\n" + markdown_table([f"one step at {n} nodes", "ms", "of k = 1 hard"], body)
