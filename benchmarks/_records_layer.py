@@ -3,7 +3,8 @@ its least list of k records (float32, 0 past its end), each step takes, per node
 its flagged neighbours' lists extended by the edge between them, level by level: the minimum of
 level l among the edges that tie at the levels above. `hard`: exact minima (the tropical limit);
 `soft`: each minimum a soft one, `eqattn.graph_attention` at inverse temperature `BETA` on the
-weights over their mean, the ties those within a relative `TIE` of it. No parameter is learned:
+weights over their mean, the ties those within a relative `TIE` of it; `hops`: a last level,
+the path's edges. No parameter is learned:
 this measures what such a layer could answer, and what its steps cost."""
 
 from __future__ import annotations
@@ -46,37 +47,43 @@ def _least(m, mask, receivers, n: int, soft: bool):
     return jnp.stack(out, 1), mask
 
 
-@functools.partial(jax.jit, static_argnames=("n", "k", "soft"))
-def step(state, senders, receivers, w, source, n: int, k: int, soft: bool):
+@functools.partial(jax.jit, static_argnames=("n", "k", "soft", "hops"))
+def step(state, senders, receivers, w, source, n: int, k: int, soft: bool, hops: bool = False):
     """One step: `(records [n, k], flag [n])` to the next, and each edge's tie after the last
-    level (the edges a node's least list comes from)."""
+    level (the edges a node's least list comes from). `hops`: one level more, after the
+    records, the edges on the path (`records [n, k + 1]`): among lists that tie in their first
+    k records, the path of fewer edges (a node's own children tie with its parent there when
+    its path has k records or more)."""
     r, flag = state
     mask = (flag[senders] > 0) & (receivers < n)
-    least, mask = _least(extend(r[senders], w), mask, receivers, n, soft)
+    m = extend(r[senders][:, :k], w)
+    if hops:
+        m = jnp.concatenate([m, r[senders][:, k:] + 1], axis=1)
+    least, mask = _least(m, mask, receivers, n, soft)
     heard = jax.ops.segment_max(mask.astype(r.dtype), receivers, num_segments=n) > 0
     own = jnp.arange(n) == source
     r = jnp.where(heard[:, None] & ~own[:, None], least, 0.0)
     return (r, (heard | own).astype(r.dtype)), mask
 
 
-@functools.partial(jax.jit, static_argnames=("n", "k", "soft", "budget"))
-def solve(senders, receivers, w, source, n: int, k: int, soft: bool, budget: int):
+@functools.partial(jax.jit, static_argnames=("n", "k", "soft", "budget", "hops"))
+def solve(senders, receivers, w, source, n: int, k: int, soft: bool, budget: int, hops: bool):
     """The fixed point from nothing reached but the source: `(records, flag)`, the steps taken,
     whether it stopped (no record moved by more than a relative `TIE`, the flags unchanged),
     and each node's parent (the first edge of its tie)."""
-    state = (jnp.zeros((n, k)), (jnp.arange(n) == source).astype(jnp.float32))
+    state = (jnp.zeros((n, k + hops)), (jnp.arange(n) == source).astype(jnp.float32))
 
     def cond(c):
         return (c[1] < budget) & ~c[2]
 
     def body(c):
-        new = step(c[0], senders, receivers, w, source, n, k, soft)[0]
+        new = step(c[0], senders, receivers, w, source, n, k, soft, hops)[0]
         moved = jnp.max(jnp.abs(new[0] - c[0][0]) - TIE * jnp.abs(c[0][0]), initial=0.0)
         same = (moved <= 0) & jnp.array_equal(new[1], c[0][1])
         return new, c[1] + 1, same
 
     state, steps, done = jax.lax.while_loop(cond, body, (state, 0, False))
-    _, mask = step(state, senders, receivers, w, source, n, k, soft)
+    _, mask = step(state, senders, receivers, w, source, n, k, soft, hops)
     first = jax.ops.segment_min(
         jnp.where(mask, jnp.arange(len(senders)), len(senders)), receivers, num_segments=n
     )
@@ -85,13 +92,16 @@ def solve(senders, receivers, w, source, n: int, k: int, soft: bool, budget: int
     return state, steps, done, jnp.where(own, jnp.arange(n), parent)
 
 
-def answer(g: graphs.WeightedGraphs, b: int, k: int, soft: bool) -> tuple[float, int, bool]:
+def answer(
+    g: graphs.WeightedGraphs, b: int, k: int, soft: bool, hops: bool = False
+) -> tuple[float, int, bool]:
     """Graph `b` of `g`: the share of nodes whose parent is right (`graphs.score_parents`), the
     steps, whether the solve stopped unchanged within the budget rule."""
     s, r, n = g.edges
     w = g.weights[b] / g.weights[b][r[b] < n].mean()
     args = (jnp.asarray(s[b]), jnp.asarray(r[b]), jnp.asarray(w, jnp.float32), int(g.source[b]))
-    _, steps, done, parent = solve(*args, n=n, k=k, soft=soft, budget=graphs.budget_for(n))
+    budget = graphs.budget_for(n)
+    _, steps, done, parent = solve(*args, n=n, k=k, soft=soft, budget=budget, hops=hops)
     one = graphs.WeightedGraphs(
         graphs.EdgeList(s[b : b + 1], r[b : b + 1], n), g.weights[b : b + 1], g.source[b : b + 1]
     )

@@ -17,10 +17,11 @@ family and size: the share of nodes (reachable, not the source) whose best neigh
 their first k entries, the entries' count (mean, max), and the nodes whose full lists do not
 name Prim's parent (scipy's tree), which must be none.
 
-Then a layer that carries k records (`benchmarks/_records_layer.py`, hand-set, float32): per
-family (Erdős–Rényi, grid, random geometric, Delaunay), size and k, the share of its parents
-that are right (`graphs.score_parents`) at the exact minima and at soft ones
-(`eqattn.graph_attention`), its steps, and the time of one step against one level's.
+Then a layer that carries k records (`benchmarks/_records_layer.py`, hand-set, float32; at 12
+also with a last level of the path's edges, "hops"): per family (Erdős–Rényi, grid, random
+geometric, Delaunay), size and k, the share of its parents that are right
+(`graphs.score_parents`) at the exact minima and at soft ones (`eqattn.graph_attention`), its
+steps, and the time of one step against one level's.
 
 `--quick`: 2 graphs of 64 nodes per family.
 """
@@ -41,7 +42,8 @@ from ._harness import markdown_table, time_interleaved
 KS = (1, 2, 4, 8, 12)
 SIZES = {64: 16, 1024: 4, 4096: 2}
 LAYER_FAMILIES = ("erdos-renyi", "grid", "geometric", "delaunay")
-LAYER_KS = (1, 4, 8, 12)
+LAYER_KS = ((1, False), (4, False), (8, False), (12, False), (12, True))
+"""(k, hops): k records, and with `hops` a last level of the path's edges."""
 
 
 def _records(path: tuple, w: float) -> tuple:
@@ -137,12 +139,13 @@ def _layer(sizes: dict[int, int]) -> list[dict]:
     for n, count in sizes.items():
         for f, family in enumerate(LAYER_FAMILIES):
             g = graphs.sample_weighted(family, n, count, seed=2000 + 10 * n + f)
-            for k in LAYER_KS:
+            for k, hops in LAYER_KS:
                 for mode in ("hard", "soft"):
-                    out = [_records_layer.answer(g, b, k, mode == "soft") for b in range(count)]
+                    soft = mode == "soft"
+                    out = [_records_layer.answer(g, b, k, soft, hops) for b in range(count)]
                     right, steps, done = zip(*out)
                     rows.append(
-                        dict(part="layer", family=family, n=n, k=k, mode=mode,
+                        dict(part="layer", family=family, n=n, k=k, hops=hops, mode=mode,
                              right=float(np.mean(right)), steps=max(steps), converged=all(done))
                     )  # fmt: skip
                     print(f"layer {family:12s} {n:5d} k={k:2d} {mode}: {rows[-1]}")
@@ -156,7 +159,8 @@ def _layer(sizes: dict[int, int]) -> list[dict]:
             functools.partial(_records_layer.step, n=n, k=k, soft=mode == "soft"),
             (jnp.zeros((n, k)), state[1]), jnp.asarray(s[0]), jnp.asarray(r[0]), w, 0,
         )
-        for k in LAYER_KS
+        for k, hops in LAYER_KS
+        if not hops
         for mode in ("hard", "soft")
     }  # fmt: skip
     timed = time_interleaved(cases)
@@ -188,11 +192,11 @@ def table(payload) -> str:
     out = markdown_table([*header, "entries (mean, max)", "full lists miss"], body)
     layer = [r for r in payload["rows"] if r["part"] == "layer"]
     keys = list(dict.fromkeys((r["family"], r["n"]) for r in layer))
-    ks = list(dict.fromkeys(r["k"] for r in layer))
+    ks = list(dict.fromkeys((r["k"], r["hops"]) for r in layer))
 
     def cell(family, n, k):
-        hard, soft = (next(r for r in layer if (r["family"], r["n"], r["k"], r["mode"]) ==
-                           (family, n, k, m)) for m in ("hard", "soft"))  # fmt: skip
+        hard, soft = (next(r for r in layer if (r["family"], r["n"], (r["k"], r["hops"]), r["mode"])
+                           == (family, n, k, m)) for m in ("hard", "soft"))  # fmt: skip
         stopped = "" if hard["converged"] and soft["converged"] else " (not stopped)"
         return f"{100 * hard['right']:.2f}%, {100 * soft['right']:.2f}%{stopped}"
 
@@ -201,7 +205,8 @@ def table(payload) -> str:
          f"{max(r['steps'] for r in layer if (r['family'], r['n']) == (family, n))}"]
         for family, n in keys
     ]  # fmt: skip
-    header = ["records layer (hard, soft)", *[f"k = {k}" for k in ks], "steps (max)"]
+    labels = [f"k = {k}" + (" + hops" if hops else "") for k, hops in ks]
+    header = ["records layer (hard, soft)", *labels, "steps (max)"]
     out += "\n\n" + markdown_table(header, body)
     steps = [r for r in payload["rows"] if r["part"] == "step"]
     body = [[f"k = {r['k']} {r['mode']}", f"{r['ms']:.3f}", f"{r['ratio']:.2f}x"] for r in steps]
