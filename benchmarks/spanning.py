@@ -179,14 +179,13 @@ def _layer(sizes: dict[int, int]) -> list[dict]:
 
 def table(payload) -> str:
     """The spanning results file as Markdown: ties per k, entries (mean, max) and the full
-    lists' misses (four families); the records layer's right parents per k (hard, soft), its
+    lists' misses; the records layer's right parents per k (hard, soft), its
     steps, and the time of a step."""
     rows = [r for r in payload["rows"] if r["part"] == "levels"]
     body = [
         [r["order"], f"{r['family']} @ {r['n']}", *[f"{100 * r['tied'][str(k)]:.2f}%" for k in KS],
          f"{r['entries_mean']:.1f}, {r['entries_max']}", f"{r['wrong_full']}"]
         for r in rows
-        if r["family"] in LAYER_FAMILIES
     ]  # fmt: skip
     header = ["order", "family @ nodes", *[f"tied at k = {k}" for k in KS]]
     out = markdown_table([*header, "entries (mean, max)", "full lists miss"], body)

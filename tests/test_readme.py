@@ -160,7 +160,7 @@ def _table_tiling_ratios():
 
 # Figures in the summary that are not measurements: targets and problem sizes.
 _NOT_MEASURED = set(
-    "0.25 0.4 0.5 0.6 0.8 1.5 2 5 8 30 60 64 97.5 123 128 256 512 4096 16384 65,536".split()
+    "0.25 0.4 0.5 0.6 0.8 1.5 2 5 8 10 30 60 64 97.5 123 128 256 512 4096 16384 65,536".split()
 )
 # Each summary bullet (by its bold title's first word) and the suites its figures come from.
 _SOURCES = {
@@ -176,6 +176,7 @@ _SOURCES = {
     "Text": ("text",),
     "Where": ("text_frontier",),
     "Graph": ("graphs_engine",),
+    "Spanning": ("spanning",),
 }
 
 
