@@ -82,7 +82,7 @@ def _independence(model, inputs, budget) -> tuple[float, float]:
     lowest asymptotic alignment (Anil et al. 2022: the cosine of the two states, each graph's
     flattened, the mean over graphs)."""
     count, n = inputs[0].shape
-    zeros = jnp.zeros((count, n, model.layer.cell.query.shape[0] + 1))
+    zeros = jnp.zeros((count, n, model.layer.cell.width + 1))
     parent, z = jax.device_get(_solve(model, inputs, budget, zeros))
     agree, align = [], []
     for start in range(STARTS):

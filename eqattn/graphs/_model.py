@@ -4,7 +4,9 @@ weight as its feature (over the graph's mean edge weight; BFS reads every weight
 explicit twin, untied [`eqattn.nn.GraphAttentionStep`][]s. A node's parent is read from the
 edges' scores at the solved states: its best incoming edge's sender, or itself for the source
 and a node no reached node sends to (reachability is the solve's flag: exact by construction).
-Each model carries the `algorithm` it learns, which [`predict`][eqattn.graphs.predict] reads."""
+Each model carries the `algorithm` it learns, which [`predict`][eqattn.graphs.predict] reads.
+Spanning trees (`mst`) take the layer's records (`records=True`: `RECORDS` of them, the width
+setting the weight map's units); BFS and shortest paths its shift and bottleneck channels."""
 
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ Inputs = tuple[
 ]
 """One graph: which node is the source `[n]`, then each directed edge's sender, receiver (`n`:
 padding) and weight `[E]`."""
+
+
+RECORDS = 16
+"""The spanning-tree models' records per node: a path's records number about the log of its
+length plus 0.58 (the `spanning` benchmark), so that 16 leave few nodes tied on graphs of
+thousands of nodes."""
 
 
 def read_out(scores: Float[Array, " E"], anchors, receivers) -> tuple[Array, Array]:
@@ -59,7 +67,8 @@ def _check_algorithm(algorithm: str) -> None:
 
 class GraphDEQ(eqx.Module):
     """The graph task's DEQ: one [`eqattn.nn.ImplicitGraphAttention`][] (its state `width`
-    channels, half of them bottleneck channels), the source its anchor, the weights its edge
+    channels, half of them bottleneck channels; for `mst`, `RECORDS` records and a weight map
+    of `width` units), the source its anchor, the weights its edge
     features, learning `algorithm` (`ALGORITHMS`). `model.predict((anchors, senders,
     receivers, weights), budget=...)` gives the parent scores `(each edge's [E], each node's
     own [n])`; its `solver` defaults to Picard iteration to `rtol` 1e-4 within 4096 steps (a
@@ -96,9 +105,16 @@ class GraphDEQ(eqx.Module):
         _check_algorithm(algorithm)
         self.algorithm = algorithm
         solver = solver or Picard(rtol=1e-4, atol=1e-6, max_steps=4096)
-        self.layer = nn.ImplicitGraphAttention(
-            width, 1, 1, key=key, solver=solver, adjoint=adjoint or JacobianFree(), dtype=dtype
-        )
+        adjoint = adjoint or JacobianFree()
+        if algorithm == "mst":
+            self.layer = nn.ImplicitGraphAttention(
+                RECORDS, 1, 1, key=key, records=True, units=width, solver=solver,
+                adjoint=adjoint, dtype=dtype,
+            )  # fmt: skip
+        else:
+            self.layer = nn.ImplicitGraphAttention(
+                width, 1, 1, key=key, solver=solver, adjoint=adjoint, dtype=dtype
+            )
 
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
         anchors, senders, receivers, weights = map(jnp.asarray, x)
@@ -107,7 +123,7 @@ class GraphDEQ(eqx.Module):
         (z, reached), eq = self.layer.forward(
             features, anchors, senders, receivers, edges, z0=z0, budget=budget
         )
-        scores = self.layer.scores(z, reached, senders, edges)
+        scores = self.layer.scores(z, reached, senders, receivers, edges)
         logits = read_out(scores, anchors, receivers)
         return Prediction(logits, eq.steps, eq.relative_residual, eq.converged, eq.value)
 
@@ -115,7 +131,9 @@ class GraphDEQ(eqx.Module):
 class GraphStack(eqx.Module):
     """The explicit twin: the source's code, then `depth` untied
     [`eqattn.nn.GraphAttentionStep`][]s applied once each (a node hears of the source only
-    within `depth` edges), the parents read from the last one's scores.
+    within `depth` edges), the parents read from the last one's scores; for `mst`,
+    [`eqattn.nn.GraphRecordsStep`][]s of `RECORDS` records and `width` weight-map units, the
+    source's list empty.
 
     **Example:**
 
@@ -131,29 +149,39 @@ class GraphStack(eqx.Module):
     ```
     """
 
-    code: eqx.nn.Linear
-    blocks: tuple[nn.GraphAttentionStep, ...]
+    code: eqx.nn.Linear | None
+    blocks: tuple[nn.GraphAttentionStep | nn.GraphRecordsStep, ...]
     algorithm: str = eqx.field(static=True)
 
     def __init__(self, width: int, depth: int, algorithm: str, *, key: PRNGKeyArray, dtype=None):
         _check_algorithm(algorithm)
         self.algorithm = algorithm
         kc, kb = jax.random.split(key)
-        self.code = eqx.nn.Linear(1, width, key=kc, dtype=dtype)
-        self.blocks = tuple(
-            nn.GraphAttentionStep(width, 1, key=k, dtype=dtype) for k in jax.random.split(kb, depth)
-        )
+        keys = jax.random.split(kb, depth)
+        self.blocks: tuple[nn.GraphAttentionStep | nn.GraphRecordsStep, ...]
+        if algorithm == "mst":
+            self.code = None
+            self.blocks = tuple(
+                nn.GraphRecordsStep(RECORDS, key=k, units=width, dtype=dtype) for k in keys
+            )
+        else:
+            self.code = eqx.nn.Linear(1, width, key=kc, dtype=dtype)
+            self.blocks = tuple(nn.GraphAttentionStep(width, 1, key=k, dtype=dtype) for k in keys)
 
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
         anchors, senders, receivers, weights = map(jnp.asarray, x)
         edges = relative_weights(weights, receivers, anchors.shape[0])
-        code = jax.vmap(self.code)(_node_features(anchors, weights.dtype))
+        if self.code is None:  # the records' source holds the empty list
+            code = jnp.zeros((anchors.shape[0], RECORDS), weights.dtype)
+        else:
+            code = jax.vmap(self.code)(_node_features(anchors, weights.dtype))
         pin = anchors[:, None]
         z, flag = jnp.where(pin, code, 0.0), anchors.astype(weights.dtype)
         for block in self.blocks:
             z, flag = block(z, flag, senders, receivers, edges)
             z, flag = jnp.where(pin, code, z), jnp.where(anchors, 1.0, flag)
-        logits = read_out(self.blocks[-1].scores(z, flag, senders, edges), anchors, receivers)
+        scores = self.blocks[-1].scores(z, flag, senders, receivers, edges)
+        logits = read_out(scores, anchors, receivers)
         return Prediction(logits, jnp.array(0), jnp.array(0.0, z.dtype), jnp.array(True), None)
 
 

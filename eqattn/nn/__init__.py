@@ -10,6 +10,7 @@ from ._graph import (
     GraphAttentionStep as GraphAttentionStep,
     ImplicitGraphAttention as ImplicitGraphAttention,
 )
+from ._graph_records import GraphRecordsStep as GraphRecordsStep
 from ._hopfield import Hopfield as Hopfield
 from ._hopfield_options import HopfieldOptions as HopfieldOptions
 from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as HopfieldPooling

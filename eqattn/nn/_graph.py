@@ -34,6 +34,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._attention import graph_attention
 from .._solve import AbstractAdjoint, Equilibrium, JacobianFree, Picard, Solver
+from ._graph_records import RECORDS_BETA, GraphRecordsStep
 from ._layer import AbstractEquilibriumLayer
 
 BETA = 3000.0
@@ -118,11 +119,24 @@ class GraphAttentionStep(eqx.Module):
         z: Float[ArrayLike, "n width"],
         flag: Float[ArrayLike, " n"],
         senders: Int[ArrayLike, " E"],
+        receivers: Int[ArrayLike, " E"],
         edges: Float[ArrayLike, "E f"],
     ) -> Float[Array, " E"]:
-        r"""Each edge's score $\beta q \cdot m_e$; $-\infty$ from a sender not flagged."""
+        r"""Each edge's score $\beta q \cdot m_e$; $-\infty$ from a sender not flagged
+        (`receivers`, unused, as in [`GraphRecordsStep`][eqattn.nn.GraphRecordsStep])."""
+        del receivers
         s = jnp.exp(self.log_beta) * (self.messages(z, senders, edges) @ self.query)
         return jnp.where(jnp.asarray(flag)[jnp.asarray(senders)] > 0.5, s, -jnp.inf)
+
+    @property
+    def edge_features(self) -> int:
+        """The features per edge."""
+        return self.shift.shape[1]
+
+    @property
+    def width(self) -> int:
+        """The state's channels."""
+        return self.query.shape[0]
 
     def __call__(
         self,
@@ -169,13 +183,19 @@ def check_graph(
 
 
 class ImplicitGraphAttention(AbstractEquilibriumLayer):
-    r"""A [`GraphAttentionStep`][eqattn.nn.GraphAttentionStep] solved to its fixed point, the
-    anchors' states pinned to $\mathrm{code}(x_i) = C x_i + c$ (module docstring).
+    r"""A [`GraphAttentionStep`][eqattn.nn.GraphAttentionStep] (or, with `records`, a
+    [`GraphRecordsStep`][eqattn.nn.GraphRecordsStep]) solved to its fixed point, the anchors'
+    states pinned to $\mathrm{code}(x_i) = C x_i + c$ (module docstring; with `records`, to the
+    empty list).
 
     **Arguments:**
 
-    - `width`: state channels; `node_features`, `edge_features`: input widths.
-    - `bottlenecks`, `beta`: as in [`GraphAttentionStep`][eqattn.nn.GraphAttentionStep].
+    - `width`: state channels (with `records`, the list's length); `node_features`,
+      `edge_features`: input widths (with `records`, one edge feature: the weight).
+    - `bottlenecks`, `beta`: as in [`GraphAttentionStep`][eqattn.nn.GraphAttentionStep]
+      (`beta` default: the step's).
+    - `records`: solve a [`GraphRecordsStep`][eqattn.nn.GraphRecordsStep] of `units` weight-map
+      units instead (the minimum spanning tree's order); the node features are then unused.
     - `key`: a JAX PRNG key for the initialization.
     - `solver`, `adjoint`: as in [`eqattn.fixed_point`][] (default Picard iteration to `rtol`
       1e-4 within 4096 steps, and the Jacobian-free gradient).
@@ -184,8 +204,9 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
     Acts on one graph: `node_features [n, node_features]`, `anchors [n]` (bool), the directed
     edges `senders [E]`, `receivers [E]` (a receiver `n` marks padding) and
     `edge_features [E, edge_features]`. `layer.forward(...)` returns `((states [n, width],
-    reached [n] bool), equilibrium)`; `layer.scores(states, reached, senders, edge_features)` the
-    edges' scores at the fixed point (a node's best incoming edge names its parent).
+    reached [n] bool), equilibrium)`; `layer.scores(states, reached, senders, receivers,
+    edge_features)` the edges' scores at the fixed point (a node's best incoming edge names its
+    parent).
 
     **Example:**
 
@@ -199,14 +220,20 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
     (states, reached), eq = layer.forward(x, anchors, senders, receivers, weights)
     assert states.shape == (3, 4) and reached.all() and eq.converged
     assert int(eq.steps) <= 6  # two edges deep
+
+    tree = eqattn.nn.ImplicitGraphAttention(4, 1, 1, records=True, key=jax.random.key(0))
+    (lists, reached), eq = tree.forward(x, anchors, senders, receivers, weights)
+    scores = tree.scores(lists, reached, senders, receivers, weights)
+    assert scores[2] == 0.0 and scores[3] < 0.0  # 1 is 2's parent; 0 is 1's, not 2
     ```
     """
 
-    code: eqx.nn.Linear
-    cell: GraphAttentionStep
+    code: eqx.nn.Linear | None
+    cell: GraphAttentionStep | GraphRecordsStep
     solver: Any
     adjoint: AbstractAdjoint
     throw: bool = eqx.field(static=True)
+    node_features: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -216,7 +243,9 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
         *,
         key: PRNGKeyArray,
         bottlenecks: int | None = None,
-        beta: float = BETA,
+        beta: float | None = None,
+        records: bool = False,
+        units: int = 1,
         solver: Solver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
@@ -224,10 +253,27 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
     ):
         _check_sizes(width=width, node_features=node_features, edge_features=edge_features)
         kc, ks = jax.random.split(key)
-        self.code = eqx.nn.Linear(node_features, width, key=kc, dtype=dtype)
-        self.cell = GraphAttentionStep(
-            width, edge_features, key=ks, bottlenecks=bottlenecks, beta=beta, dtype=dtype
-        )
+        self.cell: GraphAttentionStep | GraphRecordsStep
+        if records:
+            if edge_features != 1 or bottlenecks is not None:
+                raise ValueError(
+                    "with `records`, `edge_features` must be 1 (the weight) and `bottlenecks` "
+                    f"None; got {edge_features} and {bottlenecks!r}"
+                )
+            self.code = None
+            beta = RECORDS_BETA if beta is None else beta
+            self.cell = GraphRecordsStep(width, key=ks, units=units, beta=beta, dtype=dtype)
+        else:
+            self.code = eqx.nn.Linear(node_features, width, key=kc, dtype=dtype)
+            self.cell = GraphAttentionStep(
+                width,
+                edge_features,
+                key=ks,
+                bottlenecks=bottlenecks,
+                beta=BETA if beta is None else beta,
+                dtype=dtype,
+            )
+        self.node_features = node_features
         default = Picard(rtol=1e-4, atol=1e-6, max_steps=4096)
         self.solver, self.adjoint = self.solving(solver, adjoint or JacobianFree(), default, dtype)
         self.throw = throw
@@ -253,8 +299,12 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
         `[n, width + 1]`, the flag last."""
         x, a = jnp.asarray(node_features), jnp.asarray(anchors)
         s, r, e = jnp.asarray(senders), jnp.asarray(receivers), jnp.asarray(edge_features)
-        check_graph(x, a, s, r, e, self.code.weight.shape[1], self.cell.shift.shape[1])
-        code = jax.vmap(self.code)(x)
+        check_graph(x, a, s, r, e, self.node_features, self.cell.edge_features)
+        if self.code is None:  # records: the anchors hold the empty list
+            dtype = jnp.result_type(e.dtype, self.cell.log_beta.dtype)
+            code = jnp.zeros((x.shape[0], self.cell.width), dtype)
+        else:
+            code = jax.vmap(self.code)(x)
         code = jnp.concatenate([code, jnp.ones_like(code[:, :1])], axis=-1)
         z0 = jnp.zeros_like(code) if z0 is None else z0
         return self.solve(ImplicitGraphAttention.step, z0, code, a, s, r, e, budget=budget)
@@ -268,6 +318,7 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
         )
         return (eq.value[:, :-1], eq.value[:, -1] > 0.5), eq
 
-    def scores(self, states, reached, senders, edge_features) -> Float[Array, " E"]:
+    def scores(self, states, reached, senders, receivers, edge_features) -> Float[Array, " E"]:
         """Each edge's score at `states` ($-\\infty$ from an unreached sender)."""
-        return self.cell.scores(states, reached.astype(states.dtype), senders, edge_features)
+        flag = reached.astype(states.dtype)
+        return self.cell.scores(states, flag, senders, receivers, edge_features)
