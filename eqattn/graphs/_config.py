@@ -9,7 +9,8 @@ from ._weighted import ALGORITHMS, WEIGHTED_FAMILIES
 
 DIM = 22
 """The DEQ's width: 22 channels, 11 of them bottleneck channels (100 parameters, as the
-explicit twin's 16 steps of 2 channels)."""
+explicit twin's 16 steps of 2 channels); for `mst`, the weight map's units of a DEQ of 16
+records (67 parameters; its twin's 16 steps of one unit, 64)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,7 +38,9 @@ class GraphConfig(Config):
     # largest training graphs). The explicit model: 16 untied steps, as many as the training
     # graphs' longest distance (15) needs, so that it can solve its training distribution; its
     # width is then 2 for equal parameters (100 each).
-    dim: int = setting(DIM, "the DEQ's width (state channels, half of them bottlenecks)")
+    dim: int = setting(
+        DIM, "the DEQ's width (state channels, half of them bottlenecks; mst: weight-map units)"
+    )
     depth: int = 16
     solver: str = "picard"
     adjoint: str = "jacobian-free"

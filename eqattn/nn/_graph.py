@@ -19,8 +19,9 @@ to settle).
 
 With one shift channel, no bottleneck channel, $A = 1$ and $q = -1$ the map is the soft
 Bellman-Ford iteration, $d_i \leftarrow \mathrm{softmin}_{j \to i}(d_j + w_{ji})$ (tested against
-Dijkstra); learned, the same layer is trained on BFS, shortest paths and minimum spanning trees
-(`eqattn.graphs`).
+Dijkstra); learned, the same layer is trained on BFS and shortest paths (`eqattn.graphs`). With
+`records=True` its step is a [`GraphRecordsStep`][eqattn.nn.GraphRecordsStep] instead: lists of
+records in the lexicographic order that names a minimum spanning tree's parents.
 """
 
 from __future__ import annotations

@@ -49,22 +49,22 @@ def extend(r: Float[Array, "E k"], w: Float[Array, " E"]) -> Float[Array, "E k"]
 
 
 def lexicographic(m: Float[Array, "E k"], live: Array, receivers: Array, n: int, beta):
-    """Per node the least list of its `live` edges' `m`, level by level by soft minima; each
-    edge's tie after the last level; each edge's gap, its message above the level's minimum at
-    the first level where it stops tying (0 for an edge that ties at every level)."""
-    tie, gap, out = live, jnp.zeros_like(m[:, 0]), []
+    """Per node the least list of its `live` edges' `m`, level by level by soft minima (a scan
+    over the levels); each edge's tie after the last level; each edge's gap, its message above
+    the level's minimum at the first level where it stops tying (0 for an edge that ties at
+    every level)."""
     queries = -jnp.ones((n, 1), m.dtype)
-    for level in range(m.shape[1]):
-        v = m[:, level]
+
+    def level(carry, v):
+        tie, gap = carry
         bias = jnp.where(tie, 0.0, -jnp.inf).astype(m.dtype)
         least = graph_attention(queries, v[:, None], v[:, None], receivers, beta=beta, bias=bias)
-        least = least[:, 0]
-        at = least.at[receivers].get(mode="fill", fill_value=0.0)
+        at = least[:, 0].at[receivers].get(mode="fill", fill_value=0.0)
         keep = tie & (v <= at * (1 + TIE))
-        gap = jnp.where(tie & ~keep, v - at, gap)
-        tie = keep
-        out.append(least)
-    return jnp.stack(out, 1), tie, gap
+        return (keep, jnp.where(tie & ~keep, v - at, gap)), least[:, 0]
+
+    (tie, gap), least = jax.lax.scan(level, (live, jnp.zeros_like(m[:, 0])), m.T)
+    return least.T, tie, gap
 
 
 class GraphRecordsStep(eqx.Module):

@@ -190,7 +190,7 @@ def test_bfs_reads_the_geometric_families_with_unit_weights():
 
 
 @pytest.mark.float32
-@pytest.mark.parametrize("algorithm", ["bfs", "shortest-paths"])
+@pytest.mark.parametrize("algorithm", ["bfs", "shortest-paths", "mst"])
 def test_one_training_step(algorithm):
     """One optimizer step of the task runs and moves the model (BFS's batch: every weight 1)."""
     task = graphs.GraphTask(graphs.GraphConfig(algorithm=algorithm, batch_size=4))
@@ -205,7 +205,12 @@ def test_one_training_step(algorithm):
     data = tuple(map(jnp.asarray, inputs)), tuple(map(jnp.asarray, targets))
     new, _, loss, stats, _ = eqx.filter_jit(step)(model, state, *data, None, None)
     assert np.isfinite(float(loss)) and 0 <= float(stats[0]) <= 1
-    assert not np.allclose(new.layer.cell.query, model.layer.cell.query)
+    moved = jax.tree.map(
+        lambda a, b: not np.allclose(a, b),
+        eqx.filter(new, eqx.is_array),
+        eqx.filter(model, eqx.is_array),
+    )
+    assert any(jax.tree.leaves(moved))
 
 
 def test_runs_of_the_weighted_algorithms_have_their_own_folder():

@@ -52,7 +52,7 @@ def test_lists_are_the_records_of_each_path(k):
         np.testing.assert_allclose(np.asarray(lists[node]), _records(mapped[:node], k), rtol=1e-12)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_parents_are_the_minimum_spanning_tree(seed):
     """The best-scoring incoming edge's sender is the node's parent in scipy's tree rooted at
     the source (distinct weights: one tree); nodes the source does not reach hear nothing."""
