@@ -104,7 +104,8 @@ class GraphDEQ(eqx.Module):
     ):
         _check_algorithm(algorithm)
         self.algorithm = algorithm
-        solver = solver or Picard(rtol=1e-4, atol=1e-6, max_steps=4096)
+        rtol = 1e-7 if algorithm == "mst" else 1e-4  # as `GraphConfig`'s
+        solver = solver or Picard(rtol=rtol, atol=1e-6, max_steps=4096)
         adjoint = adjoint or JacobianFree()
         if algorithm == "mst":
             self.layer = nn.ImplicitGraphAttention(

@@ -275,7 +275,8 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
                 dtype=dtype,
             )
         self.node_features = node_features
-        default = Picard(rtol=1e-4, atol=1e-6, max_steps=4096)
+        # a records solve moves a front whose change can be small against the whole state
+        default = Picard(rtol=1e-7 if records else 1e-4, atol=1e-6, max_steps=4096)
         self.solver, self.adjoint = self.solving(solver, adjoint or JacobianFree(), default, dtype)
         self.throw = throw
 

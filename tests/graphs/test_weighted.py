@@ -187,12 +187,17 @@ def test_bfs_reads_the_geometric_families_with_unit_weights():
     (_, _, receivers, weights), _ = task.example_batch()
     assert set(weights[receivers < 16].tolist()) == {1.0}
     assert graphs.GraphConfig(algorithm="mst").dim == graphs.GraphConfig().dim == 22
+    # a records solve stops only when (almost) nothing moves: at 1e-4 a 4096-node cycle's solve
+    # stopped with its front half way (the graphs benchmark); an explicit rtol is kept
+    assert graphs.GraphConfig(algorithm="mst").rtol == 1e-7 and graphs.GraphConfig().rtol == 1e-4
+    assert graphs.GraphConfig(algorithm="mst", rtol=1e-3).rtol == 1e-3
 
 
 @pytest.mark.float32
 @pytest.mark.parametrize("algorithm", ["bfs", "shortest-paths", "mst"])
 def test_one_training_step(algorithm):
-    """One optimizer step of the task runs and moves the model (BFS's batch: every weight 1)."""
+    """One optimizer step of the task runs and moves the model (BFS's batch: every weight 1;
+    mst's: nothing to move)."""
     task = graphs.GraphTask(graphs.GraphConfig(algorithm=algorithm, batch_size=4))
     inputs, targets = task.example_batch()
     model = task.build_model(task.config, jax.random.key(0))
@@ -205,6 +210,10 @@ def test_one_training_step(algorithm):
     data = tuple(map(jnp.asarray, inputs)), tuple(map(jnp.asarray, targets))
     new, _, loss, stats, _ = eqx.filter_jit(step)(model, state, *data, None, None)
     assert np.isfinite(float(loss)) and 0 <= float(stats[0]) <= 1
+    if algorithm == "mst":  # the records answer every training graph from the start, by a
+        # margin that leaves nothing to learn: the loss is 0 and the step moves nothing
+        assert float(loss) < 1e-6 and float(stats[0]) == 1.0
+        return
     moved = jax.tree.map(
         lambda a, b: not np.allclose(a, b),
         eqx.filter(new, eqx.is_array),
