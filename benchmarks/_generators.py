@@ -6,7 +6,9 @@ mesh, weighted by length. Nodes are put in a random order; weights are uniform i
 a real graph's own are asked for.
 
 Needs networkx and PyGSP (the `bench` extra); `available()` and `available_large()` say whether
-they are installed.
+they are installed. `DISTRIBUTIONS` and `reweighted` give any batch the weights of one of the
+distributions that break a graph algorithm written as a layer (ties, heavy tails, near ties,
+zeros, twelve orders of magnitude); the tests draw from them too.
 """
 
 from __future__ import annotations
@@ -104,6 +106,58 @@ def large(name: str, count: int, seed: int) -> graphs.WeightedGraphs:
     orders = [rng.permutation(n) for _ in range(count)]
     source = rng.integers(0, n, count)
     return graphs.from_edges(n, [o[pairs] for o in orders], source, weights=[lengths] * count)
+
+
+DISTRIBUTIONS = {
+    "equal": lambda rng, m: np.ones(m),
+    "1 or 2": lambda rng, m: rng.integers(1, 3, m).astype(float),
+    "integers 1-5": lambda rng, m: rng.integers(1, 6, m).astype(float),
+    "2 decimals": lambda rng, m: np.round(rng.random(m), 2),
+    "lognormal 1": lambda rng, m: rng.lognormal(0, 1, m),
+    "lognormal 2": lambda rng, m: rng.lognormal(0, 2, m),
+    "lognormal 3": lambda rng, m: rng.lognormal(0, 3, m),
+    "near ties": lambda rng, m: 1 + rng.uniform(0, 1e-3, m),
+    "zeros": lambda rng, m: np.where(rng.random(m) < 0.3, 0.0, rng.random(m)),
+    "1e-6 to 1e6": lambda rng, m: 10.0 ** rng.uniform(-6, 6, m),
+    "uniform": lambda rng, m: 1.0 - rng.random(m),
+}
+"""Weight distributions `draw(rng, m) -> [m]`: all equal, {1, 2}, integers 1-5, uniform rounded
+to 2 decimals (ties), lognormal with sigma 1, 2, 3 (heavy tails), 1 + U(0, 1e-3) (near ties),
+30% zeros, log-uniform over 1e-6 .. 1e6, and uniform in (0, 1] (distinct, well separated)."""
+
+
+def reweighted(g: graphs.WeightedGraphs, name: str, seed: int) -> graphs.WeightedGraphs:
+    """`g` with each undirected edge's weight drawn from `DISTRIBUTIONS[name]`."""
+    rng = np.random.default_rng(seed)
+    s, r, n = np.asarray(g.graph.senders), np.asarray(g.graph.receivers), g.graph.num_nodes
+    w = np.zeros(s.shape)
+    for b in range(s.shape[0]):
+        real = r[b] < n
+        key = np.minimum(s[b], r[b]).astype(np.int64) * n + np.maximum(s[b], r[b])
+        pairs, inverse = np.unique(key[real], return_inverse=True)
+        w[b, real] = DISTRIBUTIONS[name](rng, len(pairs))[inverse]
+    return g.with_weights(w)
+
+
+MORE = ("Watts-Strogatz", "Barabasi-Albert m=3", "powerlaw cluster")
+"""The networkx generators the weight distributions are tried on beside the task's families
+(Barabási-Albert with 3 edges per new node, as the graphs that failed to converge had)."""
+
+
+def sample(family: str, n: int, count: int, seed: int) -> graphs.WeightedGraphs:
+    """`count` graphs of `family` with `n` nodes: one of the task's `WEIGHTED_FAMILIES` or of
+    `MORE` (networkx, nodes in a random order, a random source; weights uniform in (0, 1])."""
+    if family in graphs.WEIGHTED_FAMILIES:
+        return graphs.sample_weighted(family, n, count, seed=seed)
+    import networkx as nx
+
+    make = {
+        "Watts-Strogatz": lambda s: nx.connected_watts_strogatz_graph(n, 4, 0.1, seed=s),
+        "Barabasi-Albert m=3": lambda s: nx.barabasi_albert_graph(n, 3, seed=s),
+        "powerlaw cluster": lambda s: nx.powerlaw_cluster_graph(n, 2, 0.3, seed=s),
+    }[family]
+    rng = np.random.default_rng(seed)
+    return _batch([make(seed * 1000 + b) for b in range(count)], rng, own_weights=False)
 
 
 def _batch(drawn, rng, own_weights: bool) -> graphs.WeightedGraphs:

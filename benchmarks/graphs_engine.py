@@ -10,7 +10,7 @@
    median time and the compiled program's temporaries; and `graph_attention`'s own
    forward+backward compiled with its inputs per edge (as its callers give them): its
    temporaries against those inputs' size.
-2. `eqattn.graphs.soft_shortest_paths` on Delaunay graphs of 10,000 and 100,000 nodes with
+2. `eqattn.soft_shortest_paths` on Delaunay graphs of 10,000 and 100,000 nodes with
    Euclidean weights, at the smallest beta (doubling from 30 sqrt(n)) whose distances are
    within 1e-3 relative of scipy's Dijkstra, solved within 4x the edges of the longest
    shortest path: the forward's and the gradient's time (the sum of
@@ -33,7 +33,6 @@ from scipy.sparse.csgraph import dijkstra
 from scipy.spatial import Delaunay
 
 import eqattn
-from eqattn import graphs
 
 from ._harness import External, markdown_table, print_table, time_interleaved
 
@@ -150,7 +149,8 @@ def _memory_row(graph: str, n: int, edges: int) -> dict:
 
 
 def _solve(senders, receivers, weights, n, beta, solver=None):
-    return graphs.soft_shortest_paths(senders, receivers, weights, 0, n, beta=beta, solver=solver)
+    graph = eqattn.Graph(senders, receivers, num_nodes=n)
+    return eqattn.soft_shortest_paths(graph, weights, 0, beta=beta, solver=solver)
 
 
 def _hops(predecessors: np.ndarray, exact: np.ndarray) -> int:

@@ -17,33 +17,34 @@ family and size: the share of nodes (reachable, not the source) whose best neigh
 their first k entries, the entries' count (mean, max), and the nodes whose full lists do not
 name Prim's parent (scipy's tree), which must be none.
 
-Then a layer that carries k records (`benchmarks/_records_layer.py`, hand-set, float32; at 12
-also with a last level of the path's edges, "hops"): per family (Erdős–Rényi, grid, random
-geometric, Delaunay), size and k, the share of its parents that are right
-(`graphs.score_parents`) at the exact minima and at soft ones (`eqattn.graph_attention`), its
-steps, and the time of one step against one level's.
+Then the library's records layer, the spanning-tree DEQ of the graph task untrained
+(`graphs.GraphDEQ` of `graphs.SpanningTree(records=k)`: `nn.GraphRecordsStep` solved by
+`nn.ImplicitGraphAttention`, each edge's rank under the tie rule as its weight, float32): per
+family (Erdős–Rényi, grid, random geometric, Delaunay), size and k, the share of its parents that
+are right (`graphs.score_parents`), the share it leaves unresolved (a list cut at k ties with a
+child's), its steps, and the time of one step against one record's.
 
 `--quick`: 2 graphs of 64 nodes per family.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqattn import graphs
+from eqattn import graphs, nn
 
-from . import _records_layer
 from ._harness import markdown_table, time_interleaved
 
 KS = (1, 2, 4, 8, 12)
 SIZES = {64: 16, 1024: 4, 4096: 2}
 LAYER_FAMILIES = ("erdos-renyi", "grid", "geometric", "delaunay")
-LAYER_KS = ((1, False), (4, False), (8, False), (12, False), (12, True))
-"""(k, hops): k records, and with `hops` a last level of the path's edges."""
+LAYER_KS = (1, 4, 8, 16, 32)
+"""The records the layer carries."""
 
 
 def _records(path: tuple, w: float) -> tuple:
@@ -58,9 +59,10 @@ def _ties(g: graphs.WeightedGraphs, b: int, extend) -> tuple[np.ndarray, int, li
     """Graph `b` by Dijkstra in the order `extend` makes: per k in `KS`, the nodes whose best
     neighbours tie in their first k entries; the nodes whose best neighbour is not a parent in
     scipy's tree (`graphs.score_parents`; 0 if the order is right); each node's entries."""
-    s, r, n = g.edges
-    real = r[b] < n
-    s, r, w = s[b][real], r[b][real], g.weights[b][real].astype(np.float64)
+    s, r = np.asarray(g.graph.senders[b]), np.asarray(g.graph.receivers[b])
+    n = g.graph.num_nodes
+    real = r < n
+    s, r, w = s[real], r[real], g.weights[b][real].astype(np.float64)
     source = int(g.source[b])
     order = np.argsort(s, kind="stable")
     starts = np.searchsorted(s[order], np.arange(n + 1))
@@ -85,11 +87,7 @@ def _ties(g: graphs.WeightedGraphs, b: int, extend) -> tuple[np.ndarray, int, li
         for k, key in enumerate(KS):
             first = [c[:key] for c, _ in cand]
             ties[k] += first.count(min(first)) > 1
-    g1 = graphs.WeightedGraphs(
-        graphs.EdgeList(g.edges.senders[b : b + 1], g.edges.receivers[b : b + 1], n),
-        g.weights[b : b + 1],
-        g.source[b : b + 1],
-    )
+    g1 = graphs.WeightedGraphs(jax.tree.map(lambda x: x[b : b + 1], g.graph), g.source[b : b + 1])
     wrong = int((~graphs.score_parents(g1, chosen[None], "mst")).sum())
     return ties, wrong, lengths
 
@@ -128,47 +126,50 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             f"full lists miss {r['wrong_full']}"
         )
     rows += _layer(sizes)
-    return rows, {"sizes": sizes, "ks": list(KS), "beta": _records_layer.BETA}
+    return rows, {"sizes": sizes, "ks": list(KS), "layer_ks": list(LAYER_KS)}
+
+
+def _model(k: int) -> graphs.GraphDEQ:
+    """The graph task's spanning-tree DEQ with `k` records, untrained (one weight-map unit)."""
+    return graphs.GraphDEQ(1, graphs.SpanningTree(records=k), key=jax.random.key(0))
 
 
 def _layer(sizes: dict[int, int]) -> list[dict]:
-    """The hand-set records layer (`_records_layer`): per family, size, k and mode, the share of
-    right parents, the steps (max) and whether every solve stopped; per k and mode, the time of
-    one step on the largest Delaunay graph, against the one-level hard step's, round-robin."""
+    """The library's records layer (`_model`): per family, size and k, the share of right
+    parents and of unresolved ones, the steps (max) and whether every solve converged; per k,
+    the time of one step on the largest Delaunay graph, against one record's, round-robin."""
     rows = []
+    models = {k: _model(k) for k in LAYER_KS}
     for n, count in sizes.items():
         for f, family in enumerate(LAYER_FAMILIES):
             g = graphs.sample_weighted(family, n, count, seed=2000 + 10 * n + f)
-            for k, hops in LAYER_KS:
-                for mode in ("hard", "soft"):
-                    soft = mode == "soft"
-                    out = [_records_layer.answer(g, b, k, soft, hops) for b in range(count)]
-                    right, steps, done = zip(*out)
-                    rows.append(
-                        dict(part="layer", family=family, n=n, k=k, hops=hops, mode=mode,
-                             right=float(np.mean(right)), steps=max(steps), converged=all(done))
-                    )  # fmt: skip
-                    print(f"layer {family:12s} {n:5d} k={k:2d} {mode}: {rows[-1]}")
+            for k, model in models.items():
+                out = graphs.predict(model, g.graph, g.source)
+                right = graphs.score_parents(g, out.parent, "mst")
+                rows.append(
+                    dict(part="layer", family=family, n=n, k=k, right=float(right.mean()),
+                         unresolved=float((out.parent < 0).mean()), steps=int(out.steps.max()),
+                         converged=bool(out.converged.all()))
+                )  # fmt: skip
+                print(f"layer {family:12s} {n:5d} k={k:2d}: {rows[-1]}")
     n = max(sizes)
     g = graphs.sample_weighted("delaunay", n, 1, seed=3000 + n)
-    s, r, _ = g.edges
-    state = (jnp.zeros((n, 1)), jnp.ones(n))
-    w = jnp.asarray(g.weights[0] / g.weights[0][r[0] < n].mean(), jnp.float32)
+    one = jax.tree.map(lambda x: x[0], g.graph)
+    graph = eqx.tree_at(lambda x: x.edge_features, one, graphs.ALGORITHMS["mst"].edge_features(one))
+
+    def step(model, state):
+        return model.layer.step(state, graph).values
+
     cases = {
-        f"k={k} {mode}": (
-            functools.partial(_records_layer.step, n=n, k=k, soft=mode == "soft"),
-            (jnp.zeros((n, k)), state[1]), jnp.asarray(s[0]), jnp.asarray(r[0]), w, 0,
-        )
-        for k, hops in LAYER_KS
-        if not hops
-        for mode in ("hard", "soft")
-    }  # fmt: skip
+        # every node reached, its list empty
+        f"k={k}": (eqx.filter_jit(step), model, nn.GraphState(jnp.zeros((n, k)), jnp.ones(n)))
+        for k, model in models.items()
+    }
     timed = time_interleaved(cases)
-    base = timed["k=1 hard"]["median_s"]
+    base = timed["k=1"]["median_s"]
     for case, t in timed.items():
-        k, mode = case.split()
         rows.append(
-            dict(part="step", n=n, k=int(k[2:]), mode=mode, ms=1e3 * t["median_s"],
+            dict(part="step", n=n, k=int(case[2:]), ms=1e3 * t["median_s"],
                  ratio=t["median_s"] / base)
         )  # fmt: skip
         print(
@@ -179,8 +180,8 @@ def _layer(sizes: dict[int, int]) -> list[dict]:
 
 def table(payload) -> str:
     """The spanning results file as Markdown: ties per k, entries (mean, max) and the full
-    lists' misses; the records layer's right parents per k (hard, soft), its
-    steps, and the time of a step."""
+    lists' misses; the records layer's right and unresolved parents per k, its steps, and the
+    time of a step."""
     rows = [r for r in payload["rows"] if r["part"] == "levels"]
     body = [
         [r["order"], f"{r['family']} @ {r['n']}", *[f"{100 * r['tied'][str(k)]:.2f}%" for k in KS],
@@ -191,23 +192,21 @@ def table(payload) -> str:
     out = markdown_table([*header, "entries (mean, max)", "full lists miss"], body)
     layer = [r for r in payload["rows"] if r["part"] == "layer"]
     keys = list(dict.fromkeys((r["family"], r["n"]) for r in layer))
-    ks = list(dict.fromkeys((r["k"], r["hops"]) for r in layer))
+    ks = list(dict.fromkeys(r["k"] for r in layer))
 
     def cell(family, n, k):
-        hard, soft = (next(r for r in layer if (r["family"], r["n"], (r["k"], r["hops"]), r["mode"])
-                           == (family, n, k, m)) for m in ("hard", "soft"))  # fmt: skip
-        stopped = "" if hard["converged"] and soft["converged"] else " (not stopped)"
-        return f"{100 * hard['right']:.2f}%, {100 * soft['right']:.2f}%{stopped}"
+        r = next(r for r in layer if (r["family"], r["n"], r["k"]) == (family, n, k))
+        stopped = "" if r["converged"] else " (not converged)"
+        return f"{100 * r['right']:.2f}%, {100 * r['unresolved']:.2f}%{stopped}"
 
     body = [
         [f"{family} @ {n}", *[cell(family, n, k) for k in ks],
          f"{max(r['steps'] for r in layer if (r['family'], r['n']) == (family, n))}"]
         for family, n in keys
     ]  # fmt: skip
-    labels = [f"k = {k}" + (" + hops" if hops else "") for k, hops in ks]
-    header = ["records layer (hard, soft)", *labels, "steps (max)"]
+    header = ["records layer (right, unresolved)", *[f"k = {k}" for k in ks], "steps (max)"]
     out += "\n\n" + markdown_table(header, body)
     steps = [r for r in payload["rows"] if r["part"] == "step"]
-    body = [[f"k = {r['k']} {r['mode']}", f"{r['ms']:.3f}", f"{r['ratio']:.2f}x"] for r in steps]
+    body = [[f"k = {r['k']}", f"{r['ms']:.3f}", f"{r['ratio']:.2f}x"] for r in steps]
     n = steps[0]["n"] if steps else 0
-    return out + "\n\n" + markdown_table([f"one step at {n} nodes", "ms", "of k = 1 hard"], body)
+    return out + "\n\n" + markdown_table([f"one step at {n} nodes", "ms", "of k = 1"], body)

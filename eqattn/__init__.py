@@ -8,12 +8,20 @@ from ._attention import (
     attention as attention,
     attention_weights as attention_weights,
     attention_with_lse as attention_with_lse,
-    graph_attention as graph_attention,
-    graph_attention_with_lse as graph_attention_with_lse,
     log_normalizer as log_normalizer,
     merge_heads as merge_heads,
     select_implementation as select_implementation,
     split_heads as split_heads,
+)
+from ._errors import GraphError as GraphError
+from ._graph import (
+    Graph as Graph,
+    check_graph as check_graph,
+    graph_attention as graph_attention,
+    graph_attention_with_lse as graph_attention_with_lse,
+    segment_logsumexp as segment_logsumexp,
+    segment_softmin as segment_softmin,
+    soft_shortest_paths as soft_shortest_paths,
 )
 from ._hopfield import hopfield_energy as hopfield_energy, hopfield_update as hopfield_update
 from ._info import info as info

@@ -1,7 +1,24 @@
-"""The errors the training runtime and the tasks raise for their users, each naming the Python
-parameter at fault (the `eqattn` command prints each as one line naming its option: a
-`ConfigError` as a usage error, exit status 2; a `RunError` with exit status 1; an
-`Interrupted` run with exit status 130)."""
+"""The errors eqattn raises for its users, each naming the Python parameter at fault: the graph
+floor's `GraphError`, and the training runtime's and the tasks' (the `eqattn` command prints
+each as one line naming its option: a `ConfigError` as a usage error, exit status 2; a
+`RunError` with exit status 1; an `Interrupted` run with exit status 130)."""
+
+
+class GraphError(ValueError):
+    """A graph, or an argument that goes with it, that eqattn refuses: the message names the
+    argument, and the shapes or the values at fault, in one line.
+
+    **Example:**
+
+    ```python
+    import numpy as np, eqattn
+
+    try:
+        eqattn.Graph(np.array([0, 1]), np.array([1, 5]), num_nodes=3).check()
+    except eqattn.GraphError as error:  # also a ValueError
+        assert str(error).startswith("`receivers` must be nodes in 0 .. 2")
+    ```
+    """
 
 
 class ConfigError(ValueError):

@@ -86,3 +86,21 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _every_prediction_is_a_forest(monkeypatch):
+    """Every set of parents a graph model names in the suite (`graphs.predict` and the
+    evaluation's, both through `choose_parents`) is checked to form a forest rooted at the
+    source: the property `GraphPrediction` promises on any input."""
+    from eqattn.graphs import _evaluation, _predict
+
+    choose = _predict.choose_parents
+
+    def checked(scores, graph, source, converged):
+        parent = choose(scores, graph, source, converged)
+        assert _predict.is_forest(parent, source, scores.reached), "parents not a forest"
+        return parent
+
+    for module in (_predict, _evaluation):
+        monkeypatch.setattr(module, "choose_parents", checked)

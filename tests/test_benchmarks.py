@@ -158,28 +158,6 @@ def test_a_paths_records_and_sorted_weights():
     assert weights == tuple(sorted(path, reverse=True))
 
 
-def test_records_layer_extends_lists_as_the_lists_do():
-    """The layer's extension of `[E, k]` record arrays (0 past the end) against the lists'."""
-    import jax.numpy as jnp
-
-    from benchmarks._records_layer import extend
-    from benchmarks.spanning import _records
-
-    rng = np.random.default_rng(0)
-    lists = []
-    for _ in range(64):
-        path = ()
-        for w in rng.random(rng.integers(0, 9)):
-            path = _records(path, float(w))
-        lists.append(path)
-    weights = np.round(rng.random(64), 1)  # some equal to a record
-    k = 5
-    padded = np.array([(p + (0.0,) * k)[:k] for p in lists])
-    got = np.asarray(extend(jnp.asarray(padded), jnp.asarray(weights)))
-    want = [(_records(p, float(w)) + (0.0,) * k)[:k] for p, w in zip(lists, weights)]
-    np.testing.assert_allclose(got, np.array(want, np.float32))
-
-
 def test_the_large_real_graphs_load_as_published():
     """PyGSP's Minnesota road network and airfoil mesh, as the graphs suite reads them: their
     published node and edge counts, both directions of each edge, lengths in the unit square."""

@@ -11,8 +11,8 @@
    tiles, key chunks), cuDNN (`_cudnn`), the fused Pallas kernel (`_pallas`), each causal
    through the blocks of `_causal`.
 
-The names below are the engine's internal interface for the other floors of eqattn (`nn`,
-`parallel`, `eqattn.info`); nothing outside this package imports its modules. `parallel` enters only through
+The names below are the engine's internal interface for the other floors of eqattn (the graph
+floor, `nn`, `parallel`, `eqattn.info`); nothing outside this package imports its modules. `parallel` enters only through
 `blockwise` (`_blockwise`): the pieces of one call that a sequence split over devices composes.
 """
 
@@ -27,8 +27,8 @@ from ._checks import (
     check_implementation as check_implementation,
 )
 from ._graph import (
-    graph_attention as graph_attention,
-    graph_attention_with_lse as graph_attention_with_lse,
+    check_graph_shapes as check_graph_shapes,
+    segment_attention as segment_attention,
 )
 from ._measured_tables import TABLES as TABLES
 from ._operators import (

@@ -1,4 +1,5 @@
-r"""Attention over a graph's edges, in O(E): each node's log-normalizer over its incoming edges.
+r"""The engine's segment path: attention over a graph's edges, in O(E), each node's
+log-normalizer over its incoming edges (the graph floor's `eqattn.graph_attention` enters here).
 
 For the edges $e$ with `receivers[e] = i`, the scores are $s_e = \beta\, q_i \cdot k_e + b_e$,
 
@@ -17,42 +18,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
 
+from .._errors import GraphError
 from ._xla import compute_dtype
 
 
-def check_shapes(q, k, v, r) -> None:
-    """The shapes and dtypes (arrays or `jax.ShapeDtypeStruct`s): a `ValueError` naming the
+def check_graph_shapes(q, k, v, r) -> None:
+    """The shapes and dtypes (arrays or `jax.ShapeDtypeStruct`s): a `GraphError` naming the
     argument and the shapes."""
     shapes = f"queries {q.shape}, keys {k.shape}, values {v.shape}, receivers {r.shape}"
     for name, a in (("queries", q), ("keys", k), ("values", v)):
         if a.ndim != 2 or not jnp.issubdtype(a.dtype, jnp.floating):
-            raise ValueError(f"`{name}` must be a 2-D floating-point array; got {shapes}.")
+            raise GraphError(f"`{name}` must be a 2-D floating-point array; got {shapes}.")
     if r.ndim != 1 or not jnp.issubdtype(r.dtype, jnp.integer):
-        raise ValueError(f"`receivers` must be a 1-D integer array (one per edge); got {shapes}.")
+        raise GraphError(f"`receivers` must be a 1-D integer array (one per edge); got {shapes}.")
     if not (k.shape[0] == v.shape[0] == r.shape[0]):
-        raise ValueError(f"`keys`, `values` and `receivers` must have one row per edge; {shapes}.")
+        raise GraphError(f"`keys`, `values` and `receivers` must have one row per edge; {shapes}.")
     if k.shape[1] != q.shape[1]:
-        raise ValueError(f"`queries` and `keys` must have the same width d; got {shapes}.")
-
-
-def _check(queries, keys, values, receivers, beta, bias):
-    """The arguments as arrays, checked: a `ValueError` naming the argument and the shapes."""
-    q, k, v = jnp.asarray(queries), jnp.asarray(keys), jnp.asarray(values)
-    r = jnp.asarray(receivers)
-    check_shapes(q, k, v, r)
-    b = jnp.asarray(beta)
-    if b.ndim != 0 or not jnp.issubdtype(b.dtype, jnp.number):
-        raise ValueError(f"`beta` must be a number (a scalar); got shape {b.shape}.")
-    if bias is not None:
-        bias = jnp.asarray(bias)
-        if bias.shape != r.shape or not jnp.issubdtype(bias.dtype, jnp.floating):
-            raise ValueError(
-                f"`bias` must be floating-point of shape {r.shape} (one per edge); got "
-                f"{bias.dtype}{list(bias.shape)}."
-            )
-    return q, k, v, r, b, bias
+        raise GraphError(f"`queries` and `keys` must have the same width d; got {shapes}.")
 
 
 def _dots(q, k, r, dtype):
@@ -89,7 +72,10 @@ def _forward(q, k, v, r, beta, bias):
 
 
 @jax.custom_vjp
-def _core(q, k, v, r, beta, bias):
+def segment_attention(q, k, v, r, beta, bias):
+    """`(out [n, dv], lse [n])` of each node over its incoming edges (module docstring), on
+    checked arrays: `beta` a floating-point scalar, `bias` `[E]` or None. The graph floor's
+    operators (`eqattn.graph_attention`, the segment operations) call it."""
     return _forward(q, k, v, r, beta, bias)[:2]
 
 
@@ -128,83 +114,4 @@ def _core_bwd(residuals, cotangents):
     )
 
 
-_core.defvjp(_core_fwd, _core_bwd)
-
-
-def graph_attention_with_lse(
-    queries: Float[ArrayLike, "n d"],
-    keys: Float[ArrayLike, "E d"],
-    values: Float[ArrayLike, "E dv"],
-    receivers: Int[ArrayLike, " E"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    bias: Float[ArrayLike, " E"] | None = None,
-) -> tuple[Float[Array, "n dv"], Float[Array, " n"]]:
-    r"""Softmax attention of each node over its incoming edges, and its log-normalizer, in
-    O(E) time and memory.
-
-    For the edges $e$ that `receivers` sends to node $i$: scores $s_e = \beta\, q_i \cdot k_e +
-    b_e$, $\mathrm{lse}_i = \log\sum_{e \to i} e^{s_e}$ and $\mathrm{out}_i = \sum_{e \to i}
-    e^{s_e - \mathrm{lse}_i} v_e$: [`eqattn.attention_with_lse`][] with node $i$'s keys its
-    edges' (the caller gathers a sender's key per edge, and may add edge features), so
-    multi-edges and self-loops are edges like any other. A node with no incoming edge gets
-    `lse = -inf` and output 0, with zero gradients; scores of any size are stable.
-    bfloat16/float16 inputs are accumulated in float32; `out` has the values' dtype, `lse` the
-    accumulation dtype.
-
-    **Arguments:**
-
-    - `queries`: `[n, d]`, one per receiving node.
-    - `keys`, `values`: `[E, d]` and `[E, dv]`, one per edge.
-    - `receivers`: `[E]` integer, each edge's receiving node. A receiver outside `0 .. n - 1`
-      marks a padding edge, which nothing reads: a batch of graphs padded to one edge count
-      runs under `jax.vmap`.
-    - `beta`: the inverse temperature, a scalar (differentiable).
-    - `bias`: `[E]`, added to each edge's score (e.g. $-\beta w_e$ for edge weights $w_e$).
-
-    **Returns:** `(out [n, dv], lse [n])`.
-
-    **Example:**
-
-    ```python
-    import jax, jax.numpy as jnp, numpy as np, eqattn
-
-    senders, receivers = jnp.array([0, 1, 2, 2]), jnp.array([1, 2, 0, 1])  # node 3: no edge in
-    x = jax.random.normal(jax.random.key(0), (4, 8))
-    out, lse = eqattn.graph_attention_with_lse(x, x[senders], x[senders], receivers)
-    # node 1 attends over its two incoming edges (from 0 and 2), as dense attention would
-    dense = eqattn.attention(x[1:2], x[jnp.array([0, 2])], x[jnp.array([0, 2])])
-    assert jnp.allclose(out[1], dense[0], atol=1e-5)
-    assert lse[3] == -jnp.inf and (out[3] == 0).all()
-    ```
-    """
-    q, k, v, r, b, bias = _check(queries, keys, values, receivers, beta, bias)
-    b = b if jnp.issubdtype(b.dtype, jnp.floating) else b.astype(compute_dtype(q.dtype, k.dtype))
-    return _core(q, k, v, r, b, bias)
-
-
-def graph_attention(
-    queries: Float[ArrayLike, "n d"],
-    keys: Float[ArrayLike, "E d"],
-    values: Float[ArrayLike, "E dv"],
-    receivers: Int[ArrayLike, " E"],
-    *,
-    beta: float | Float[ArrayLike, ""] = 1.0,
-    bias: Float[ArrayLike, " E"] | None = None,
-) -> Float[Array, "n dv"]:
-    r"""Softmax attention of each node over its incoming edges, in O(E): the output of
-    [`eqattn.graph_attention_with_lse`][] (see there for the arguments and the contract).
-
-    **Example:**
-
-    ```python
-    import jax, jax.numpy as jnp, eqattn
-
-    # a path 0 - 1 - 2, both directions: node 1 hears 0 and 2, the ends one neighbour each
-    senders, receivers = jnp.array([0, 1, 1, 2]), jnp.array([1, 0, 2, 1])
-    x = jnp.eye(3)
-    out = eqattn.graph_attention(x, x[senders], x[senders], receivers, beta=0.0)  # averages
-    assert jnp.allclose(out, jnp.array([[0, 1, 0], [0.5, 0, 0.5], [0, 1, 0]]))
-    ```
-    """
-    return graph_attention_with_lse(queries, keys, values, receivers, beta=beta, bias=bias)[0]
+segment_attention.defvjp(_core_fwd, _core_bwd)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import Implementation, check_implementation
-from ._graph import check_shapes as check_graph_shapes
+from ._graph import check_graph_shapes
 from ._measured_tables import FIELDS, TABLES
 
 

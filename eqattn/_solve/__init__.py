@@ -16,7 +16,12 @@ from ._adjoints import (
     Unrolled as Unrolled,
 )
 from ._backends import ForwardSolve as ForwardSolve, JaxoptSolver as JaxoptSolver, Solver as Solver
-from ._equilibrium import RESULTS as RESULTS, Equilibrium as Equilibrium, status as status
+from ._equilibrium import (
+    RESULTS as RESULTS,
+    Equilibrium as Equilibrium,
+    choose as choose,
+    status as status,
+)
 from ._fixed_point import default_adjoint as default_adjoint, fixed_point as fixed_point
 from ._jacobian import jacobian_frobenius as jacobian_frobenius, spectral_radius as spectral_radius
 from ._named import (

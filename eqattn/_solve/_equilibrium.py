@@ -33,6 +33,11 @@ class RESULTS(eqx.Enumeration):
         "eqattn.fixed_point did not converge: f returned NaN or Inf (or the iterates did), and "
         "the solve stopped there."
     )
+    unsettled = (
+        "eqattn.fixed_point's test passed on the whole state, but a part of it still moved by "
+        "more than the tolerance of its own size (e.g. a graph layer's front that had not "
+        "arrived): the layer reported it as not converged."
+    )
     failed = (
         "eqattn.fixed_point did not converge: the solver reported a failure other than running "
         "out of steps (e.g. divergence)."

@@ -27,6 +27,7 @@ class Iteration(eqx.Module):
     best_x: Array
     best_residual: Float[Array, ""]
     best_scale: Float[Array, ""]
+    best_multiple: Float[Array, ""]  # the best iterate's residual as a multiple of its tolerance
     done: Bool[Array, ""]
     nonfinite: Bool[Array, ""]  # f(x) or x was not finite at the last step
     last_is_best: Bool[Array, ""]  # the last iterate ranks best (fx is its image)
@@ -36,15 +37,28 @@ def _norm(x):
     return jnp.sqrt(jnp.sum(x * x))
 
 
-def converged(solver: AbstractFixedPointSolver, residual, scale):
-    return residual <= solver.atol + solver.rtol * scale
+def measure(solver: AbstractFixedPointSolver, x, fx):
+    r"""`(residual, scale, multiple)`: $\lVert f(x) - x\rVert_2$, $\lVert f(x)\rVert_2$, and
+    the residual as a multiple of the stopping test's tolerance (<= 1: passed; `inf` where
+    anything is not finite): of `atol + rtol * scale`, or with `solver.elementwise` the largest
+    entry's $|f(x)_k - x_k|$ over its own `atol + rtol |f(x)_k|`. Iterates are ranked by it
+    (with `elementwise`, the latest finite one is the best)."""
+    finite = jnp.all(jnp.isfinite(fx)) & jnp.all(jnp.isfinite(x))
+    residual, scale = _norm(fx - x), _norm(fx)
+    if solver.elementwise:
+        tolerance = solver.atol + solver.rtol * jnp.abs(fx)
+        tiny = jnp.finfo(jnp.result_type(fx)).tiny
+        multiple = jnp.max(jnp.abs(fx - x) / jnp.maximum(tolerance, tiny), initial=0.0)
+    else:
+        multiple = over_tolerance(solver, residual, scale)
+    bad = jnp.array(jnp.inf, residual.dtype)
+    return jnp.where(finite, residual, bad), scale, jnp.where(finite, multiple, bad)
 
 
 def first(solver, fn, x0) -> Iteration:
     fx = fn(x0)
-    residual, scale = _norm(fx - x0), _norm(fx)
     finite = jnp.all(jnp.isfinite(fx))
-    residual = jnp.where(finite, residual, jnp.inf)
+    residual, scale, multiple = measure(solver, x0, fx)
     return Iteration(
         step=jnp.array(1),
         x=x0,
@@ -53,7 +67,8 @@ def first(solver, fn, x0) -> Iteration:
         best_x=x0,
         best_residual=residual,
         best_scale=scale,
-        done=converged(solver, residual, scale) | ~finite,
+        best_multiple=multiple,
+        done=(multiple <= 1) | ~finite,
         nonfinite=~finite,
         last_is_best=jnp.array(True),
     )
@@ -68,11 +83,11 @@ def advance(solver, fn, it: Iteration) -> Iteration:
 def tested(solver, it: Iteration, x, state, fx) -> Iteration:
     """The loop's carry after the step to `x` (solver state `state`), given its image `fx`."""
     finite = jnp.all(jnp.isfinite(fx)) & jnp.all(jnp.isfinite(x))
-    residual, scale = _norm(fx - x), _norm(fx)
-    residual = jnp.where(finite, residual, jnp.inf)
-    passed = converged(solver, residual, scale) & finite
-    best = over_tolerance(solver, it.best_residual, it.best_scale)
-    better = over_tolerance(solver, residual, scale) < best
+    residual, scale, multiple = measure(solver, x, fx)
+    passed = (multiple <= 1) & finite
+    # with the elementwise test, parts of the state settle one after another (a front crossing
+    # a graph): the latest finite iterate has the most settled, whatever its largest entry says
+    better = finite if solver.elementwise else multiple < it.best_multiple
     return Iteration(
         step=it.step + 1,
         x=x,
@@ -81,6 +96,7 @@ def tested(solver, it: Iteration, x, state, fx) -> Iteration:
         best_x=jnp.where(better, x, it.best_x),
         best_residual=jnp.where(better, residual, it.best_residual),
         best_scale=jnp.where(better, scale, it.best_scale),
+        best_multiple=jnp.where(better, multiple, it.best_multiple),
         done=passed | ~finite,
         nonfinite=~finite,
         last_is_best=better,
@@ -100,7 +116,7 @@ def best_answer(solver: AbstractFixedPointSolver, it: Iteration) -> Array:
 
 def equilibrium(solver: AbstractFixedPointSolver, it: Iteration) -> Equilibrium:
     """The public summary of a finished loop (`value` is the flat best iterate)."""
-    ok = converged(solver, it.best_residual, it.best_scale) & jnp.isfinite(it.best_residual)
+    ok = (it.best_multiple <= 1) & jnp.isfinite(it.best_residual)
     scale = jnp.where(it.best_scale > 0, it.best_scale, 1)
     result = status(ok, choose(it.nonfinite, RESULTS.nonfinite, RESULTS.max_steps_reached))
     # No finite evaluation of f at all (e.g. NaN in the input): the answer is NaN, not z0.

@@ -17,9 +17,10 @@ SOLVERS = {"anderson": Anderson, "picard": Picard, "broyden": Broyden}
 ADJOINTS = ("implicit", "phantom", "jacobian-free", "unrolled", "shared-inverse")
 
 
-def named_solver(name: str, *, rtol: float, max_steps: int) -> AbstractFixedPointSolver:
-    """The fixed-point solver called `name` (`SOLVERS`) with these tolerance and cap."""
-    return SOLVERS[name](rtol=rtol, max_steps=max_steps)
+def named_solver(name: str, *, rtol: float, max_steps: int, **test) -> AbstractFixedPointSolver:
+    """The fixed-point solver called `name` (`SOLVERS`) with these tolerance and cap, and the
+    stopping test's other settings `test` (`atol`, `elementwise`) where given."""
+    return SOLVERS[name](rtol=rtol, max_steps=max_steps, **test)
 
 
 def named_adjoint(

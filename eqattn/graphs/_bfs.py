@@ -1,49 +1,10 @@
-"""The reference: breadth-first search in numpy, the targets it defines, and the checks of a
-graph given to eqattn."""
+"""Breadth-first search in numpy on dense adjacencies, and the parents it allows."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._errors import ConfigError
-
-
-def check_graphs(adjacency, source) -> tuple[np.ndarray, np.ndarray]:
-    """`(adjacency, source)` as numpy arrays `[B, n, n]` bool and `[B]` int, or a one-line
-    `ValueError` naming the argument: a square, symmetric boolean adjacency with no self-loop, at
-    least one node, and a source in range for each graph.
-
-    **Example:**
-
-    ```python
-    import numpy as np
-    from eqattn import graphs
-
-    try:
-        graphs.check_graphs(np.ones((1, 3, 3), bool), np.array([0]))
-    except ValueError as error:
-        assert str(error) == "`adjacency` must have no self-loops (a False diagonal)"
-    ```
-    """
-    a, s = np.asarray(adjacency), np.asarray(source)
-    if a.ndim != 3 or a.shape[1] != a.shape[2]:
-        raise ConfigError(f"`adjacency` must have shape [B, n, n]; got {list(a.shape)}")
-    if a.shape[1] == 0:
-        raise ConfigError("`adjacency` must have at least one node (n >= 1); got n = 0")
-    if a.dtype != np.bool_:
-        raise ConfigError(f"`adjacency` must be boolean; got {a.dtype}")
-    if not np.array_equal(a, np.swapaxes(a, 1, 2)):
-        raise ConfigError("`adjacency` must be symmetric (undirected graphs)")
-    if np.any(np.diagonal(a, axis1=1, axis2=2)):
-        raise ConfigError("`adjacency` must have no self-loops (a False diagonal)")
-    if s.shape != a.shape[:1] or not np.issubdtype(s.dtype, np.integer):
-        raise ConfigError(
-            f"`source` must be integers of shape [{a.shape[0]}] (one per graph); got "
-            f"{s.dtype}{list(s.shape)}"
-        )
-    if np.any((s < 0) | (s >= a.shape[1])):
-        raise ConfigError(f"`source` must be in 0 .. {a.shape[1] - 1}; got {s.tolist()}")
-    return a, s.astype(np.int64)
+from ._weighted import check_adjacency, check_source
 
 
 def bfs(adjacency, source) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +24,8 @@ def bfs(adjacency, source) -> tuple[np.ndarray, np.ndarray]:
     assert distance.tolist() == [[0, 1, 2, -1]]
     ```
     """
-    a, s = check_graphs(adjacency, source)
+    a = check_adjacency(adjacency)
+    s = check_source(source, a.shape[0], a.shape[1])
     distance = np.full(a.shape[:2], -1, np.int64)
     for b in range(a.shape[0]):
         frontier, d = np.array([s[b]]), 0

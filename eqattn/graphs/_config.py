@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 
+from .._solve import named_solver
 from ..train import Config, ConfigError, at_least, setting
-from ._weighted import ALGORITHMS, WEIGHTED_FAMILIES
-
-DIM = 22
-"""The DEQ's width: 22 channels, 11 of them bottleneck channels (100 parameters, as the
-explicit twin's 16 steps of 2 channels); for `mst`, the weight map's units of a DEQ of 16
-records (67 parameters; its twin's 16 steps of one unit, 64)."""
+from ._algorithms import ALGORITHMS, AbstractAlgorithm, algorithm_of
+from ._weighted import WEIGHTED_FAMILIES
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GraphConfig(Config):
     """A graph run: a parent for every node by `algorithm` (`bfs`: reachability and a BFS
     parent; `shortest-paths`: a parent on a shortest path; `mst`: the parent in the minimum
-    spanning tree rooted at the source), learned on graphs of `graph_sizes` nodes from
-    `families` (None: all of `FAMILIES` for `bfs`, which reads every weight as 1, of
-    `WEIGHTED_FAMILIES` for the others), drawn afresh for every one of the `epoch_steps`
-    optimizer steps of an epoch.
+    spanning tree rooted at the source; `ALGORITHMS`), learned on graphs of `graph_sizes` nodes
+    from `families` (None: the algorithm's, all of `FAMILIES` for `bfs`, which reads every
+    weight as 1, of `WEIGHTED_FAMILIES` for the others), drawn afresh for every one of the
+    `epoch_steps` optimizer steps of an epoch. `dim` and `rtol` default to the algorithm's
+    (`bfs`: 22 channels, 11 of them bottlenecks, 100 parameters as the twin's 16 steps of 2;
+    `shortest-paths`: 24 shift channels, 49 parameters, the twin's 16 steps of 1, 48; `mst`: 16
+    records and a weight map of 22 units, 67 parameters, the twin's 16 steps of one unit, 64).
 
     **Example:**
 
@@ -32,20 +32,20 @@ class GraphConfig(Config):
     ```
     """
 
-    # Measured in the graphs guide and the findings page: `nn.ImplicitGraphAttention` of
-    # width `DIM` solved by Picard iteration (a step moves what a node knows one edge) with the
-    # Jacobian-free gradient, 40 solver steps while training (2 x 16 + 8: the rule for the
-    # largest training graphs). The explicit model: 16 untied steps, as many as the training
-    # graphs' longest distance (15) needs, so that it can solve its training distribution; its
-    # width is then 2 for equal parameters (100 each).
-    dim: int = setting(
-        DIM, "the DEQ's width (state channels, half of them bottlenecks; mst: weight-map units)"
+    # Measured in the graphs guide and the findings page: `nn.ImplicitGraphAttention` over the
+    # algorithm's step, solved by Picard iteration (a step moves what a node knows one edge)
+    # with the Jacobian-free gradient, 40 solver steps while training (2 x 16 + 8: the rule for
+    # the largest training graphs). The explicit model: 16 untied steps, as many as the training
+    # graphs' longest distance (15) needs, so that it can solve its training distribution, of
+    # the width that gives it the DEQ's parameters.
+    dim: int | None = setting(  # type: ignore[assignment]  # None: resolved below
+        None, "the DEQ's width (state channels; mst: weight-map units; None: the algorithm's)"
     )
     depth: int = 16
     solver: str = "picard"
     adjoint: str = "jacobian-free"
     rtol: float | None = setting(  # type: ignore[assignment]  # None: resolved below
-        None, "DEQ: the solver's tolerance (relative residual; None: 1e-4, for mst 1e-7)"
+        None, "DEQ: the solver's tolerance (relative residual; None: the algorithm's)"
     )
     max_steps: int = 4096
     train_steps: int = 40
@@ -54,7 +54,7 @@ class GraphConfig(Config):
     lr: float = 1e-2
     weight_decay: float = 0.0
 
-    algorithm: str = setting("bfs", "the algorithm learned", choices=ALGORITHMS)
+    algorithm: str = setting("bfs", "the algorithm learned", choices=tuple(ALGORITHMS))
     graph_sizes: tuple[int, int] = setting((8, 16), "the training graphs' sizes: LOW HIGH nodes")
     families: tuple[str, ...] | None = setting(
         None, "the training graphs' families (None: all)", choices=WEIGHTED_FAMILIES
@@ -62,9 +62,10 @@ class GraphConfig(Config):
     epoch_steps: int = setting(200, "optimizer steps per epoch (each ends with validation)")
 
     def __post_init__(self):
-        if self.rtol is None:  # records move as a front whose change can be small against the
-            # whole state: at 1e-4 a 4096-node cycle's solve stopped with 22% of the parents wrong
-            object.__setattr__(self, "rtol", 1e-7 if self.algorithm == "mst" else 1e-4)
+        algorithm = algorithm_of(self.algorithm)
+        for name in ("dim", "rtol"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(algorithm, name))
         super().__post_init__()
         at_least(self, ("epoch_steps",), 1)
         low, high = self.graph_sizes
@@ -72,3 +73,21 @@ class GraphConfig(Config):
             raise ConfigError(
                 f"`graph_sizes` must be two sizes 2 <= low <= high; got {low}, {high}"
             )
+
+    def deq_solver(self):
+        """The DEQ's forward solver, by name, with `rtol` and `max_steps`, testing every node's
+        values against their own size (`elementwise`, no `atol`): a front still crossing the
+        graph is small against the whole state."""
+        return named_solver(
+            self.solver, rtol=self.rtol, max_steps=self.max_steps, atol=0.0, elementwise=True
+        )
+
+    @property
+    def learned(self) -> AbstractAlgorithm:
+        """The algorithm object of `algorithm` (`ALGORITHMS`)."""
+        return algorithm_of(self.algorithm)
+
+    @property
+    def training_families(self) -> tuple[str, ...]:
+        """`families`, or the algorithm's."""
+        return tuple(self.families or self.learned.families)

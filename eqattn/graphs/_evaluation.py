@@ -10,36 +10,53 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.sparse.csgraph import shortest_path
 
+from .._graph import Graph
 from ..train import apply
+from ._algorithms import AbstractAlgorithm, algorithm_of
 from ._edges import parent_loss_and_right
 from ._model import solve_graphs
-from ._predict import budget_for
+from ._predict import budget_for, choose_parents
+from ._references import hops as _hops
 from ._scores import _by_distance
-from ._weighted import (
-    WEIGHTED_FAMILIES,
-    WeightedGraphs,
-    _matrix,
-    sample_weighted,
-    weighted_examples,
-)
+from ._weighted import WEIGHTED_FAMILIES, WeightedGraphs, sample_weighted
 
 FLOOR = -1e4
-"""In the loss, a score of -inf counts as this. Only edges into the source (read as never a
-parent) and from nodes the solve did not reach are -inf: the source, the unreachable and a node
-whose parent the budget missed then cost a large, finite loss. A reached node's other edges
-come from reached nodes and keep their scores, so its chosen parent is the same either way."""
+"""In the loss, a score of -inf counts as this. Only edges
+into the source (read as never a parent) and from nodes the solve did not reach are -inf: the
+source, the unreachable and a node whose parent the budget missed then cost a large, finite
+loss. A reached node's other edges come from reached nodes and keep their scores, so its chosen
+parent is the same either way."""
+
+
+def examples(g: WeightedGraphs, algorithm: AbstractAlgorithm, real=None):
+    """A batch as the models read it, with its targets: `((graph, anchors [B, n]), (edge_ok
+    [B, E], self_ok [B, n], real [B, n]))`.
+
+    **Example:**
+
+    ```python
+    from eqattn import graphs
+
+    g = graphs.sample_weighted("path", 5, 2, seed=0)
+    (graph, anchors), (edge_ok, self_ok, real) = graphs.examples(g, graphs.ALGORITHMS["mst"])
+    assert anchors.sum() == 2 and edge_ok.sum() == 2 * 4  # on a path, each tree edge once
+    ```
+    """
+    n = g.graph.num_nodes
+    anchors = np.arange(n) == g.source[:, None]
+    edge_ok, self_ok = algorithm.targets(g)
+    real = np.ones(anchors.shape, bool) if real is None else real
+    return (g.graph, anchors), (edge_ok, self_ok, real)
 
 
 def parent_scores(logits, inputs, targets):
     """Per node: minus the log-probability of its valid parents and whether its chosen parent
-    is valid (a batch of `weighted_examples`)."""
-    scores, own = logits
-    _, senders, receivers, _ = inputs
+    is valid (a batch of `examples`)."""
+    graph, _ = inputs
     edge_ok, self_ok, _ = targets
-    floored = jnp.where(jnp.isfinite(scores), scores, FLOOR)
-    return jax.vmap(parent_loss_and_right)(floored, own, senders, receivers, edge_ok, self_ok)
+    floored = jnp.where(jnp.isfinite(logits.edges), logits.edges, FLOOR)
+    return jax.vmap(parent_loss_and_right)(floored, logits.own, graph, edge_ok, self_ok)
 
 
 def make_step(budget: int, optimizer):
@@ -66,9 +83,9 @@ def make_step(budget: int, optimizer):
     return step
 
 
-def right_parents(parent: np.ndarray, inputs, targets) -> np.ndarray:
-    """Per node `[B, n]`: whether `parent` is a valid one (numpy)."""
-    _, senders, receivers, _ = inputs
+def right_parents(parent: np.ndarray, graph: Graph, targets) -> np.ndarray:
+    """Per node `[B, n]`: whether `parent` is a valid one (numpy; -1, no answer, never is)."""
+    senders, receivers = np.asarray(graph.senders), np.asarray(graph.receivers)
     edge_ok, self_ok, _ = targets
     n = parent.shape[1]
     right = self_ok & (parent == np.arange(n))
@@ -80,34 +97,45 @@ def right_parents(parent: np.ndarray, inputs, targets) -> np.ndarray:
 
 
 def right_reach(parent: np.ndarray, targets) -> np.ndarray:
-    """Per node `[B, n]`: whether its reachability (as `predict` reads it: a parent other than
-    itself, or the source) is right (numpy)."""
+    """Per node `[B, n]`: whether its reachability, as a parent reads it (itself: unreachable,
+    or the source; another node: reachable; -1: no answer), is right (numpy)."""
     _, self_ok, _ = targets
-    return (parent == np.arange(parent.shape[1])) == self_ok
+    own = parent == np.arange(parent.shape[1])
+    return (parent >= 0) & (own == self_ok)
+
+
+def answer(model, inputs, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each node's parent as `graphs.predict` names it `[B, n]`, each solve's steps and
+    convergence, for a batch of `examples`."""
+    graph, anchors = inputs
+    arrays = (graph, jnp.asarray(anchors))
+    scores, steps, converged = jax.device_get(solve_graphs(model, arrays, jnp.asarray(budget)))
+    source = np.argmax(anchors, axis=1)
+    return choose_parents(scores, graph, source, np.asarray(converged)), steps, converged
 
 
 def parent_accuracy(model, inputs, targets, budget: int) -> dict[str, float]:
-    """The shares of real nodes with a valid parent and with reachability right, and the
-    solves' statistics."""
-    parent, steps, converged = jax.device_get(
-        solve_graphs(model, tuple(map(jnp.asarray, inputs)), jnp.asarray(budget))
-    )
+    """The shares of real nodes with a valid parent, with reachability right and without an
+    answer (unresolved), and the solves' statistics."""
+    parent, steps, converged = answer(model, inputs, budget)
     real = targets[2]
-    right = right_parents(parent, inputs, targets)
+    right = right_parents(parent, inputs[0], targets)
     share = float(np.sum(right & real) / np.sum(real))
     return dict(
         accuracy=share,
         reach_accuracy=float(np.sum(right_reach(parent, targets) & real) / np.sum(real)),
         parent_accuracy=share,
+        unresolved=float(np.sum((parent < 0) & real) / np.sum(real)),
         mean_solver_steps=float(np.mean(steps)),
         converged=float(np.mean(converged)),
     )
 
 
-def score_parents(g: WeightedGraphs, parent, algorithm: str) -> np.ndarray:
+def score_parents(g: WeightedGraphs, parent, algorithm) -> np.ndarray:
     """Per node `[B, n]`: whether `parent [B, n]` (e.g. `graphs.predict(...).parent`) is a
-    valid one for `algorithm` on the graphs `g` (the references: scipy's Dijkstra, any parent
-    on a shortest path; its minimum spanning tree rooted at the source).
+    valid one for `algorithm` (a name of `ALGORITHMS`, or one of them) on the graphs `g` (the
+    references: hops for BFS; scipy's Dijkstra, any parent on a shortest path within a relative
+    1e-6; its minimum spanning tree under the tie rule, rooted at the source).
 
     **Example:**
 
@@ -120,8 +148,8 @@ def score_parents(g: WeightedGraphs, parent, algorithm: str) -> np.ndarray:
     assert graphs.score_parents(g, itself, "shortest-paths").sum() == 1
     ```
     """
-    inputs, targets = weighted_examples(g, algorithm)
-    return right_parents(np.asarray(parent), inputs, targets)
+    _, targets = examples(g, algorithm_of(algorithm))
+    return right_parents(np.asarray(parent), g.graph, targets)
 
 
 def hops(g: WeightedGraphs) -> np.ndarray:
@@ -136,13 +164,7 @@ def hops(g: WeightedGraphs) -> np.ndarray:
     assert sorted(graphs.hops(g)[0].tolist())[-1] >= 2  # a path of 5 nodes: 2 to 4 edges deep
     ```
     """
-    s, r, n = g.edges
-    out = []
-    for b in range(len(g.source)):
-        m = _matrix(s[b], r[b], np.ones_like(g.weights[b]), n)
-        d = shortest_path(m, directed=False, unweighted=True, indices=int(g.source[b]))
-        out.append(np.where(np.isfinite(d), d, -1).astype(np.int64))
-    return np.stack(out)
+    return _hops(g.graph, g.source)
 
 
 SIZES = {16: 32, 64: 16, 256: 4, 1024: 2, 4096: 1}
@@ -162,20 +184,18 @@ def evaluate_parents(
 ) -> list[dict[str, Any]]:
     """One row per family and size: the share of valid parents at the budget rule, against the
     budget (a DEQ up to 256 nodes), and by hops from the source."""
+    algorithm = algorithm_of(config.algorithm)
     rows = []
     for n, count in sizes.items():
         for family in families or WEIGHTED_FAMILIES:
             g = sample_weighted(family, n, count, seed=1000 + n)
-            inputs, targets = weighted_examples(g, config.algorithm)
-            arrays = tuple(map(jnp.asarray, inputs))
+            inputs, targets = examples(g, algorithm)
 
             def solve(budget):
-                parent, steps, converged = jax.device_get(
-                    solve_graphs(model, arrays, jnp.asarray(budget))
-                )
-                right = right_parents(parent, inputs, targets)
+                parent, steps, converged = answer(model, inputs, budget)
+                right = right_parents(parent, g.graph, targets)
                 reach = right_reach(parent, targets)
-                return _row(budget, right, reach, steps, converged), right
+                return _row(budget, right, reach, parent, steps, converged), right
 
             rule, h = budget_for(n), hops(g)
             at_rule, right = solve(rule)
@@ -190,13 +210,14 @@ def evaluate_parents(
     return rows
 
 
-def _row(budget, right, reach, steps, converged) -> dict[str, Any]:
+def _row(budget, right, reach, parent, steps, converged) -> dict[str, Any]:
     share = float(right.mean())
     return dict(
         max_steps=int(budget),
         accuracy=share,
         reach_accuracy=float(reach.mean()),
         parent_accuracy=share,
+        unresolved=float((parent < 0).mean()),
         mean_steps=float(np.mean(steps)),
         converged=float(np.mean(converged)),
     )

@@ -14,34 +14,34 @@ import numpy as np
 
 from .. import train
 from ..train import AbstractTask, ConfigError, Headline, progress_bar, run_line, with_shape
+from ._algorithms import algorithm_of
 from ._config import GraphConfig
-from ._edges import EDGES_PER_NODE
-from ._evaluation import (
-    SIZES,
-    evaluate_parents,
-    make_step,
-    parent_accuracy,
-)
-from ._families import FAMILIES
+from ._evaluation import SIZES, evaluate_parents, examples, make_step, parent_accuracy
 from ._model import GraphDEQ, GraphStack
 from ._predict import budget_for
 from ._scores import FAR, distance_lines, distance_table, summary_lines
-from ._weighted import WEIGHTED_FAMILIES, draw_weighted, weighted_examples
+from ._weighted import draw_weighted
+
+EDGES_PER_NODE = 8
+"""Training graphs are padded to this many directed edges per node (one shape for every batch:
+the step traces once); a drawn graph with more is drawn again."""
 
 VALIDATION_GRAPHS = 192
 """Graphs of the training sizes scored after each epoch (a fixed set), and at the end (another)."""
 
 
-class _Algorithm:
-    """An algorithm's data, models, loss and evaluation: graphs drawn as edge lists (BFS's with
-    every weight 1), the library's `nn.ImplicitGraphAttention` or its explicit twin."""
+class _Data:
+    """A run's data, models and evaluation: graphs of its algorithm's families drawn as edge
+    lists, the library's `nn.ImplicitGraphAttention` over the algorithm's step or its explicit
+    twin."""
 
-    def __init__(self, config: GraphConfig, families: tuple[str, ...]):
-        self.config, self.families = config, families
+    def __init__(self, config: GraphConfig):
+        self.config, self.families = config, config.training_families
+        self.algorithm = config.learned
 
     def draw(self, rng, count: int, sizes: tuple[int, int]):
         g, real = draw_weighted(rng, count, sizes, self.families, EDGES_PER_NODE * sizes[1])
-        return weighted_examples(g, self.config.algorithm, real)
+        return examples(g, self.algorithm, real)
 
     def fixed(self, seed: int, count: int, sizes: tuple[int, int]):
         """A fixed set of examples (the graphs from `seed`)."""
@@ -52,9 +52,9 @@ class _Algorithm:
         if config.model == "deq":
             solver, adjoint = config.deq_solver(), config.deq_adjoint()
             return GraphDEQ(
-                config.dim, config.algorithm, key=key, solver=solver, adjoint=adjoint, dtype=dtype
+                config.dim, self.algorithm, key=key, solver=solver, adjoint=adjoint, dtype=dtype
             )
-        return GraphStack(config.width, config.depth, config.algorithm, key=key, dtype=dtype)
+        return GraphStack(config.width, config.depth, self.algorithm, key=key, dtype=dtype)
 
     def train_step(self, optimizer):
         return make_step(self.config.training_budget, optimizer)
@@ -66,12 +66,6 @@ class _Algorithm:
         return evaluate_parents(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
 
 
-def _algorithm(config: GraphConfig) -> _Algorithm:
-    """The algorithm's data, models, loss and evaluation."""
-    default = FAMILIES if config.algorithm == "bfs" else WEIGHTED_FAMILIES
-    return _Algorithm(config, tuple(config.families or default))
-
-
 def evaluate_sizes(
     model, config: GraphConfig, budgets=None, *, tick=None, sizes=None, sweep: bool = True
 ) -> list[dict[str, Any]]:
@@ -79,10 +73,10 @@ def evaluate_sizes(
     budget rule (`budget_for`), against the budget (a DEQ, with `sweep`: `budgets`, else
     multiples of the rule) and by distance from the source (hops, for the weighted
     algorithms). `sizes`: nodes and graphs per family (default the evaluation's)."""
-    algorithm = _algorithm(config)
+    data = _Data(config)
     if sizes is None:
-        return algorithm.evaluate(model, budgets, tick, sweep=sweep)
-    return algorithm.evaluate(model, budgets, tick, sizes, sweep)
+        return data.evaluate(model, budgets, tick, sweep=sweep)
+    return data.evaluate(model, budgets, tick, sizes, sweep)
 
 
 class GraphTask(AbstractTask):
@@ -99,9 +93,9 @@ class GraphTask(AbstractTask):
     from eqattn import graphs
 
     task = graphs.GraphTask(graphs.GraphConfig())
-    (anchors, senders, receivers, weights), (edge_ok, self_ok, real) = task.example_batch()
-    assert anchors.shape == (32, 16) and senders.shape == weights.shape == (32, 128)
-    assert set(weights[receivers < 16].tolist()) == {1.0}  # bfs: every edge's weight 1
+    (graph, anchors), (edge_ok, self_ok, real) = task.example_batch()
+    assert anchors.shape == (32, 16) and graph.senders.shape == edge_ok.shape == (32, 128)
+    assert graph.num_nodes == 16 and task.config.learned is graphs.ALGORITHMS["bfs"]
     ```
     """
 
@@ -119,14 +113,14 @@ class GraphTask(AbstractTask):
     def __init__(self, config: GraphConfig):
         if jax.process_count() > 1:
             raise ConfigError("the graph task runs in one process")
-        self.algorithm = _algorithm(config)
-        self.families = self.algorithm.families
+        self.data = _Data(config)
+        self.families = self.data.families
         self.config = config
         self.batch, self.steps_per_epoch = config.batch_size, config.epoch_steps
         self.examples = self.batch * self.steps_per_epoch
-        self.validation = self.algorithm.fixed(1, VALIDATION_GRAPHS, config.graph_sizes)
-        self.test = self.algorithm.fixed(2, VALIDATION_GRAPHS, config.graph_sizes)
-        self.larger = self.algorithm.fixed(3, 48, (64, 64))
+        self.validation = self.data.fixed(1, VALIDATION_GRAPHS, config.graph_sizes)
+        self.test = self.data.fixed(2, VALIDATION_GRAPHS, config.graph_sizes)
+        self.larger = self.data.fixed(3, 48, (64, 64))
 
     @classmethod
     def build_model(cls, config, key, *, dtype=None):
@@ -134,28 +128,27 @@ class GraphTask(AbstractTask):
         of `depth` steps of the explicit `width`."""
         if config.model == "explicit":
             config = with_shape(cls.build_model, config)
-        return _algorithm(config).build_model(key, dtype)
+        return _Data(config).build_model(key, dtype)
 
     def example_batch(self):
         rng = np.random.default_rng(0)
-        return self.algorithm.draw(rng, self.batch, self.config.graph_sizes)
+        return self.data.draw(rng, self.batch, self.config.graph_sizes)
 
     def batches(self, rng, place):
         for _ in range(self.steps_per_epoch):
-            yield self.algorithm.draw(rng, self.batch, self.config.graph_sizes), None
+            yield self.data.draw(rng, self.batch, self.config.graph_sizes), None
 
     @classmethod
     def run_folder(cls, settings):
-        """`graphs`, or `graphs/ALGORITHM` for the weighted algorithms."""
-        algorithm = settings.get("algorithm", "bfs")
-        return cls.name if algorithm == "bfs" else f"{cls.name}/{algorithm}"
+        """The algorithm's folder: `graphs`, or `graphs/ALGORITHM` for the weighted ones."""
+        return algorithm_of(settings.get("algorithm", GraphConfig.algorithm)).folder
 
     @classmethod
     def train_step(cls, config, optimizer):
-        return _algorithm(config).train_step(optimizer)
+        return _Data(config).train_step(optimizer)
 
     def test_metrics(self, model, final):
-        accuracy = self.algorithm.accuracy
+        accuracy = self.data.accuracy
         out = dict(validation_accuracy=accuracy(model, *self.validation)["accuracy"])
         if final:
             test, larger = accuracy(model, *self.test), accuracy(model, *self.larger)
@@ -184,7 +177,7 @@ class GraphTask(AbstractTask):
     @classmethod
     def evaluate(cls, model, config, header, budgets, progress):
         with progress_bar(None, "evaluate", progress, "size") as bar:
-            rows = _algorithm(config).evaluate(model, budgets, bar.update)
+            rows = _Data(config).evaluate(model, budgets, bar.update)
         return {
             "model": config.model,
             "algorithm": config.algorithm,
@@ -215,7 +208,7 @@ class GraphTask(AbstractTask):
         tables = {}
         for model, run in runs.items():
             loaded = train.load_model(Path(run), cls)
-            rows = _algorithm(loaded.config).evaluate(loaded.model, None, None, FAR, sweep=False)
+            rows = _Data(loaded.config).evaluate(loaded.model, None, None, FAR, sweep=False)
             tables[model] = distance_table(rows)
         low, high = loaded.config.graph_sizes
         sizes = " and ".join(map(str, FAR))

@@ -1,24 +1,17 @@
-"""Weighted graphs for the shortest-path and spanning-tree algorithms: families drawn as edge
-lists (no n^2 array, so thousands of nodes are cheap), and the scipy references that define the
-targets (Dijkstra's distances, the minimum spanning tree rooted at the source)."""
+"""Weighted graphs: families drawn as edge lists (no n^2 array, so thousands of nodes are cheap),
+a batch of graphs with a source each, and the ways in: your own node pairs (`from_edges`) or
+dense adjacencies (`from_adjacency`)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import breadth_first_order, dijkstra, minimum_spanning_tree
 from scipy.spatial import Delaunay, cKDTree
 
-from .._errors import ConfigError
-from ._edges import EdgeList, bucket
+from .._errors import ConfigError, GraphError
+from .._graph import Graph, check_graph
 from ._families import _FAMILIES
-
-ALGORITHMS = ("bfs", "shortest-paths", "mst")
-"""The algorithms of the graph task: breadth-first search (unweighted), shortest paths
-(Bellman-Ford and Dijkstra's output: a parent on a shortest path) and the minimum spanning tree
-of the source's component rooted at the source (Prim's output)."""
 
 
 def _points(n: int, rng) -> np.ndarray:
@@ -64,9 +57,9 @@ random geometric and Delaunay graphs of points in the unit square with Euclidean
 
 
 class WeightedGraphs(NamedTuple):
-    """A batch of undirected weighted graphs: `edges` (an [`EdgeList`][eqattn.graphs.EdgeList],
-    both directions of each edge), each directed edge's `weights [B, E]` (0 on padding) and each
-    graph's `source [B]`.
+    """A batch of undirected weighted graphs: `graph`, an [`eqattn.Graph`][] of `[B, E]` edges
+    (both directions of each edge) whose one edge feature is the weight (0 on padding), and
+    each graph's `source [B]`; `weights [B, E]` is that feature.
 
     **Example:**
 
@@ -74,13 +67,31 @@ class WeightedGraphs(NamedTuple):
     from eqattn import graphs
 
     g = graphs.sample_weighted("delaunay", 50, 2, seed=0)
-    assert g.edges.num_nodes == 50 and g.weights.shape == g.edges.senders.shape
+    assert g.graph.num_nodes == 50 and g.weights.shape == g.graph.senders.shape
     ```
     """
 
-    edges: EdgeList
-    weights: np.ndarray
+    graph: Graph
     source: np.ndarray
+
+    @property
+    def weights(self) -> np.ndarray:
+        """Each directed edge's weight `[B, E]` (0 on padding)."""
+        return np.asarray(self.graph.edge_features)[..., 0]
+
+    def with_weights(self, weights) -> WeightedGraphs:
+        """The same graphs and sources with other `weights [B, E]` (0 on padding)."""
+        w = np.where(np.asarray(self.graph.real), np.asarray(weights, np.float32), 0.0)
+        graph = Graph(
+            self.graph.senders, self.graph.receivers, num_nodes=self.graph.num_nodes,
+            edge_features=w[..., None].astype(np.float32),
+        )  # fmt: skip
+        return WeightedGraphs(graph, self.source)
+
+
+def bucket(size: int) -> int:
+    """`size` rounded up to a power of two (at least 8): a few shapes, a few compilations."""
+    return max(8, 1 << (int(size) - 1).bit_length())
 
 
 def sample_weighted(
@@ -97,7 +108,7 @@ def sample_weighted(
     from eqattn import graphs
 
     g = graphs.sample_weighted("grid", 9, 1, seed=0)  # a 3 x 3 grid, weights in (0, 1]
-    real = g.edges.receivers[0] < 9
+    real = g.graph.receivers[0] < 9
     assert real.sum() == 2 * 12 and (g.weights[0][real] > 0).all() and g.source.shape == (1,)
     ```
     """
@@ -114,15 +125,42 @@ def sample_weighted(
     return from_edges(n, pairs, source, weights=weights, edges=edges)
 
 
+def check_source(source, count: int, n: int) -> np.ndarray:
+    """`source` as `[count]` node indices, or a `GraphError` naming it."""
+    src = np.asarray(source)
+    if src.shape != (count,) or not np.issubdtype(src.dtype, np.integer):
+        raise GraphError(
+            f"`source` must be integers of shape [{count}] (one per graph); got "
+            f"{src.dtype}{list(src.shape)}"
+        )
+    if np.any((src < 0) | (src >= n)):
+        raise GraphError(f"`source` must be in 0 .. {n - 1}; got {src.tolist()}")
+    return src.astype(np.int64)
+
+
+def _pairs(b: int, e, n: int) -> np.ndarray:
+    e = np.zeros((0, 2), np.int64) if np.size(e) == 0 else np.asarray(e)  # no edge: [0, 2]
+    if e.ndim != 2 or e.shape[1] != 2 or not np.issubdtype(e.dtype, np.integer):
+        raise GraphError(f"`pairs[{b}]` must be node pairs [E, 2] (integers); got {e.shape}")
+    if np.any((e < 0) | (e >= n)):
+        raise GraphError(f"`pairs[{b}]` holds a node outside 0 .. {n - 1}")
+    if np.any(e[:, 0] == e[:, 1]):
+        raise GraphError(f"`pairs[{b}]` holds a self-loop")
+    if len(np.unique(np.sort(e, axis=1), axis=0)) < len(e):
+        raise GraphError(f"`pairs[{b}]` holds an edge twice (each undirected edge once)")
+    return e
+
+
 def from_edges(
     num_nodes: int, pairs, source, *, weights=None, edges: int | None = None
 ) -> WeightedGraphs:
     """A batch of undirected graphs on `num_nodes` nodes each, from each graph's edges: `pairs`
-    a list of `[E_b, 2]` node pairs (each undirected edge once), `source [B]` and `weights` a
-    list of `[E_b]` (default 1), padded to `edges` directed edges (default the largest count
-    rounded up to a power of two). Graphs of another library go in this way (networkx:
-    `list(G.edges)`); `graphs.predict`, `score_parents` and `hops` read the batch. A one-line
-    `ValueError` names the argument that is out of range, a self-loop or a repeated edge.
+    a list of `[E_b, 2]` node pairs (each undirected edge once; none is an empty list),
+    `source [B]` and `weights` a list of `[E_b]` (default 1), padded to `edges` directed edges
+    (default the largest count rounded up to a power of two). Graphs of another library go in
+    this way (networkx: `list(G.edges)`); `graphs.predict`, `score_parents` and `hops` read the
+    batch. A one-line [`eqattn.GraphError`][] names the argument that is out of range, a
+    self-loop or a repeated edge.
 
     **Example:**
 
@@ -130,113 +168,115 @@ def from_edges(
     from eqattn import graphs
 
     g = graphs.from_edges(3, [[(0, 1), (1, 2)]], [0], weights=[[0.5, 2.0]])  # 0 - 1 - 2
-    assert g.edges.receivers[0].tolist()[:4] == [0, 1, 1, 2] and g.weights[0, 1] == 2.0
+    assert g.graph.receivers[0].tolist()[:4] == [0, 1, 1, 2] and g.weights[0, 1] == 2.0
+    assert graphs.from_edges(3, [[]], [1]).graph.real.sum() == 0  # no edge at all
     ```
     """
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int | np.integer) or num_nodes < 1:
+        raise GraphError(f"`num_nodes` must be an int >= 1; got {num_nodes!r}")
     n = int(num_nodes)
-    source = np.asarray(source)
-    if n < 1 or source.shape != (len(pairs),):
-        raise ConfigError(
-            f"`source` must hold one node per graph of `pairs` ({len(pairs)}), `num_nodes` >= 1;"
-            f" got source of shape {list(source.shape)}, num_nodes {num_nodes}"
+    if np.shape(source) != (len(pairs),):
+        raise GraphError(
+            f"`source` must hold one node per graph of `pairs` ({len(pairs)}); got shape "
+            f"{list(np.shape(source))}"
         )
-    if not np.issubdtype(source.dtype, np.integer) or np.any((source < 0) | (source >= n)):
-        raise ConfigError(f"`source` must be node indices in [0, {n}); got {source.tolist()}")
+    source = check_source(source, len(pairs), n)
     if weights is not None and len(weights) != len(pairs):
-        raise ConfigError(
+        raise GraphError(
             f"`weights` must hold one array per graph ({len(pairs)}); got {len(weights)}"
         )
     drawn = []
     for b, e in enumerate(pairs):
-        e = np.asarray(e).reshape(-1, 2) if np.size(e) == 0 else np.asarray(e)
-        if e.ndim != 2 or e.shape[1] != 2 or not np.issubdtype(e.dtype, np.integer):
-            raise ConfigError(f"`pairs[{b}]` must be node pairs [E, 2] (integers); got {e.shape}")
-        if np.any((e < 0) | (e >= n)):
-            raise ConfigError(f"`pairs[{b}]` holds a node outside [0, {n})")
-        if np.any(e[:, 0] == e[:, 1]):
-            raise ConfigError(f"`pairs[{b}]` holds a self-loop")
-        if len(np.unique(np.sort(e, axis=1), axis=0)) < len(e):
-            raise ConfigError(f"`pairs[{b}]` holds an edge twice (each undirected edge once)")
+        e = _pairs(b, e, n)
         w = np.ones(len(e)) if weights is None else np.asarray(weights[b], np.float64)
         if w.shape != (len(e),):
-            raise ConfigError(
+            raise GraphError(
                 f"`weights[{b}]` must have one per pair, shape [{len(e)}]; got {list(w.shape)}"
             )
         if not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise ConfigError(f"`weights[{b}]` must be finite and non-negative")
+            raise GraphError(f"`weights[{b}]` must be finite and non-negative")
         i, j = e[:, 0], e[:, 1]
         drawn.append((np.concatenate([j, i]), np.concatenate([i, j]), np.concatenate([w, w])))
     width = bucket(max((len(d[0]) for d in drawn), default=0)) if edges is None else int(edges)
     senders = np.zeros((len(pairs), width), np.int32)
     receivers = np.full((len(pairs), width), n, np.int32)
-    out = np.zeros((len(pairs), width), np.float32)
+    out = np.zeros((len(pairs), width, 1), np.float32)
     for b, (s, r, w) in enumerate(drawn):
         if len(s) > width:
-            raise ConfigError(f"`edges` ({width}) is fewer than graph {b}'s {len(s)} edges")
-        senders[b, : len(s)], receivers[b, : len(s)], out[b, : len(s)] = s, r, w
-    return WeightedGraphs(EdgeList(senders, receivers, n), out, source.astype(np.int64))
+            raise GraphError(f"`edges` ({width}) is fewer than graph {b}'s {len(s)} edges")
+        senders[b, : len(s)], receivers[b, : len(s)], out[b, : len(s), 0] = s, r, w
+    return WeightedGraphs(Graph(senders, receivers, num_nodes=n, edge_features=out), source)
 
 
-def _matrix(s, r, w, n) -> csr_matrix:
-    real = r < n
-    return csr_matrix((w[real].astype(np.float64), (r[real], s[real])), shape=(n, n))
+def from_adjacency(adjacency, weights=None, edges: int | None = None) -> Graph:
+    """The [`eqattn.Graph`][] of dense undirected adjacencies `[B, n, n]` (boolean, symmetric,
+    no self-loops), padded to `edges` directed edges per graph (default the largest count
+    rounded up to a power of two); with `weights [B, n, n]` (symmetric, finite, >= 0, 0 where
+    there is no edge) as its one edge feature. Bad input is a one-line
+    [`eqattn.GraphError`][] naming the argument.
+
+    **Example:**
+
+    ```python
+    import numpy as np
+    from eqattn import graphs
+
+    adjacency = np.zeros((1, 3, 3), bool)
+    adjacency[0, [0, 1], [1, 0]] = True  # 0 - 1, node 2 alone
+    g = graphs.from_adjacency(adjacency, edges=4)
+    assert g.senders[0, :2].tolist() == [1, 0] and g.receivers[0].tolist() == [0, 1, 3, 3]
+    ```
+    """
+    a = check_adjacency(adjacency)
+    w = None if weights is None else _dense_weights(weights, a)
+    count, n = a.shape[:2]
+    width = bucket(int(a.sum((1, 2)).max(initial=0))) if edges is None else int(edges)
+    senders = np.zeros((count, width), np.int32)
+    receivers = np.full((count, width), n, np.int32)
+    features = np.zeros((count, width, 1), np.float32)
+    for b in range(count):
+        r, s = np.nonzero(a[b])
+        if len(r) > width:
+            raise GraphError(f"`edges` ({width}) is fewer than graph {b}'s {len(r)} edges")
+        senders[b, : len(r)], receivers[b, : len(r)] = s, r
+        if w is not None:
+            features[b, : len(r), 0] = w[b, r, s]
+    return Graph(senders, receivers, num_nodes=n, edge_features=None if w is None else features)
 
 
-def shortest_distances(g: WeightedGraphs) -> np.ndarray:
-    """Dijkstra's distances from each graph's source `[B, n]` (float64; inf where unreachable)."""
-    s, r, n = g.edges
-    return np.stack(
-        [
-            dijkstra(_matrix(s[b], r[b], g.weights[b], n), directed=False, indices=g.source[b])
-            for b in range(len(g.source))
-        ]
-    )
+def check_adjacency(adjacency) -> np.ndarray:
+    """Dense undirected adjacencies `[B, n, n]` as numpy booleans, or a `GraphError`: square,
+    at least one node, boolean, symmetric, no self-loops."""
+    a = np.asarray(adjacency)
+    if a.ndim != 3 or a.shape[1] != a.shape[2]:
+        raise GraphError(f"`adjacency` must have shape [B, n, n]; got {list(a.shape)}")
+    if a.shape[1] == 0:
+        raise GraphError("`adjacency` must have at least one node (n >= 1); got n = 0")
+    if a.dtype != np.bool_:
+        raise GraphError(f"`adjacency` must be boolean; got {a.dtype}")
+    if not np.array_equal(a, np.swapaxes(a, 1, 2)):
+        raise GraphError("`adjacency` must be symmetric (undirected graphs)")
+    if np.any(np.diagonal(a, axis1=1, axis2=2)):
+        raise GraphError("`adjacency` must have no self-loops (a False diagonal)")
+    return a
 
 
-def mst_parents(g: WeightedGraphs) -> np.ndarray:
-    """Each node's parent `[B, n]` in the minimum spanning tree of its graph's source's component,
-    rooted at the source (the source and the nodes of other components: themselves)."""
-    s, r, n = g.edges
-    out = np.tile(np.arange(n), (len(g.source), 1))
-    for b in range(len(g.source)):
-        # scipy's spanning tree drops edges of weight 0 (zero-length roads); the tree depends
-        # only on the weights' order, which adding the least positive weight to each keeps
-        w = g.weights[b].astype(np.float64)
-        positive = w[(r[b] < n) & (w > 0)]
-        shift = positive.min() if positive.size else 1.0
-        tree = minimum_spanning_tree(_matrix(s[b], r[b], w + shift, n))
-        _, pred = breadth_first_order(tree + tree.T, int(g.source[b]), directed=False)
-        out[b, pred >= 0] = pred[pred >= 0]
-    return out
-
-
-def unit_weights(g: WeightedGraphs) -> WeightedGraphs:
-    """`g` with every edge's weight 1 (padding 0): breadth-first search is shortest paths on
-    these."""
-    return g._replace(weights=(g.edges.receivers < g.edges.num_nodes).astype(np.float32))
-
-
-def edge_targets(g: WeightedGraphs, algorithm: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per edge whether its sender is a valid parent of its receiver `[B, E]`, per node whether
-    it is its own `[B, n]`: on a shortest path (any one where paths tie, within a relative 1e-6;
-    `bfs`: counting edges) or the spanning tree's parent; the source and the unreachable are
-    their own."""
-    if algorithm == "bfs":
-        g = unit_weights(g)
-    s, r, n = g.edges
-    real = r < n
-    rc = np.minimum(r, n - 1)
-    if algorithm == "mst":
-        parent = mst_parents(g)
-        own = parent == np.arange(n)
-        return real & (np.take_along_axis(parent, rc, 1) == s), own
-    d = shortest_distances(g)
-    dr, ds = np.take_along_axis(d, rc, 1), np.take_along_axis(d, s, 1)
-    source = np.arange(n) == g.source[:, None]
-    sr = np.take_along_axis(source, rc, 1)
-    with np.errstate(invalid="ignore"):  # inf - inf: an unreachable edge, not tight
-        tight = np.abs(ds + g.weights - dr) <= 1e-6 * np.maximum(dr, 1.0)
-    return real & np.isfinite(dr) & ~sr & tight, ~np.isfinite(d) | source
+def _dense_weights(weights, a: np.ndarray) -> np.ndarray:
+    w = np.asarray(weights)
+    if not np.issubdtype(w.dtype, np.number) or np.issubdtype(w.dtype, np.complexfloating):
+        raise GraphError(f"`weights` must be real numbers; got {w.dtype}")
+    if w.shape != a.shape:
+        raise GraphError(
+            f"`weights` must have the adjacency's shape {list(a.shape)}; got {list(w.shape)}"
+        )
+    w = w.astype(np.float64)
+    if np.any(w[~a] != 0):
+        raise GraphError("`weights` must be 0 where the adjacency has no edge")
+    if not np.array_equal(w, np.swapaxes(w, 1, 2)):
+        raise GraphError("`weights` must be symmetric (undirected graphs)")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise GraphError("`weights` must be finite and non-negative")
+    return w
 
 
 def stack(graphs: list[WeightedGraphs], nodes: int, edges: int) -> WeightedGraphs:
@@ -244,15 +284,15 @@ def stack(graphs: list[WeightedGraphs], nodes: int, edges: int) -> WeightedGraph
     receiver `nodes`, weight 0)."""
     senders = np.zeros((len(graphs), edges), np.int32)
     receivers = np.full((len(graphs), edges), nodes, np.int32)
-    weights = np.zeros((len(graphs), edges), np.float32)
+    weights = np.zeros((len(graphs), edges, 1), np.float32)
     for b, g in enumerate(graphs):
-        (s,), (r,), n = g.edges
-        real = r < n
+        s, r = np.asarray(g.graph.senders)[0], np.asarray(g.graph.receivers)[0]
+        real = r < g.graph.num_nodes
         count = int(real.sum())
         senders[b, :count], receivers[b, :count] = s[real], r[real]
-        weights[b, :count] = g.weights[0][real]
+        weights[b, :count, 0] = g.weights[0][real]
     source = np.array([int(g.source[0]) for g in graphs], np.int64)
-    return WeightedGraphs(EdgeList(senders, receivers, nodes), weights, source)
+    return WeightedGraphs(Graph(senders, receivers, num_nodes=nodes, edge_features=weights), source)
 
 
 def draw_weighted(
@@ -267,59 +307,22 @@ def draw_weighted(
         family = families[rng.integers(len(families))]
         n = int(rng.integers(low, high + 1))
         g = sample_weighted(family, n, 1, seed=int(rng.integers(1 << 31)))
-        while int((g.edges.receivers < n).sum()) > edges:
+        while int((np.asarray(g.graph.receivers) < n).sum()) > edges:
             g = sample_weighted(family, n, 1, seed=int(rng.integers(1 << 31)))
         drawn.append(g)
         real[b, :n] = True
     return stack(drawn, high, edges), real
 
 
-def weighted_examples(g: WeightedGraphs, algorithm: str, real=None):
-    """A batch as the models read it, with its targets: `((anchors [B, n], senders, receivers,
-    weights [B, E]), (edge_ok [B, E], self_ok [B, n], real [B, n]))`; `bfs` reads every weight
-    as 1."""
-    g = unit_weights(g) if algorithm == "bfs" else g
-    n = g.edges.num_nodes
-    anchors = np.arange(n) == g.source[:, None]
-    edge_ok, self_ok = edge_targets(g, algorithm)
-    real = np.ones(anchors.shape, bool) if real is None else real
-    inputs = (anchors, g.edges.senders, g.edges.receivers, g.weights)
-    return inputs, (edge_ok, self_ok, real)
-
-
-def check_weights(graph: EdgeList, weights, dense=None) -> np.ndarray:
-    """Each directed edge's weight `[B, E]` (float32), or a one-line `ValueError` naming
-    `weights`: finite and non-negative, equal both ways (undirected graphs), and nothing on a
-    missing edge. `dense`: the graphs' adjacency `[B, n, n]` when `weights` is dense `[B, n, n]`
-    too (`graph` its edge list)."""
-    w = np.asarray(weights)
-    if not np.issubdtype(w.dtype, np.number) or np.issubdtype(w.dtype, np.complexfloating):
-        raise ConfigError(f"`weights` must be real numbers; got {w.dtype}")
-    w = w.astype(np.float64)
-    s, r, n = graph
-    if dense is not None:
-        if w.shape != dense.shape:
-            raise ConfigError(
-                f"`weights` must have the adjacency's shape {list(dense.shape)}; got {list(w.shape)}"
-            )
-        if np.any(w[~dense] != 0):
-            raise ConfigError("`weights` must be 0 where the adjacency has no edge")
-        if not np.array_equal(w, np.swapaxes(w, 1, 2)):
-            raise ConfigError("`weights` must be symmetric (undirected graphs)")
-        rows = np.arange(len(w))[:, None]
-        w = np.where(r < n, w[rows, np.minimum(r, n - 1), s], 0.0)
-    elif w.shape != s.shape:
-        raise ConfigError(
-            f"`weights` must have one per edge, shape {list(s.shape)}; got {list(w.shape)}"
+def check_weighted(g: WeightedGraphs, weighted: bool) -> None:
+    """A batch `predict` can read: an undirected [`eqattn.Graph`][] of `[B, E]` edges (with one
+    edge feature, finite and >= 0, where `weighted`) and a source per graph; or a
+    `GraphError`."""
+    check_graph(g.graph, edge_features=1 if weighted else None, undirected=True)
+    if np.ndim(g.graph.senders) != 2:
+        raise GraphError(
+            f"`graph` must be a batch, edges [B, E]; got {list(np.shape(g.graph.senders))}"
         )
-    real = r < n
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise ConfigError("`weights` must be finite and non-negative")
-    if np.any(w[~real] != 0):
-        raise ConfigError("`weights` must be 0 on padding edges (receiver `num_nodes`)")
-    for b in range(s.shape[0]):
-        m = real[b]
-        both = dict(zip(zip(s[b][m].tolist(), r[b][m].tolist(), strict=True), w[b][m].tolist()))
-        if any(both.get((j, i)) != x for (i, j), x in both.items()):
-            raise ConfigError("`weights` must be equal both ways of each edge (undirected graphs)")
-    return w.astype(np.float32)
+    if weighted and np.any(g.weights[np.asarray(g.graph.real)] < 0):
+        raise GraphError("`graph`'s weights (its edge feature) must be finite and non-negative")
+    check_source(g.source, np.shape(g.graph.senders)[0], g.graph.num_nodes)

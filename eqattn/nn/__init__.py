@@ -7,10 +7,12 @@ from ._embedding import TokenEmbedding as TokenEmbedding
 from ._energy import EnergyAttention as EnergyAttention
 from ._generate import extend as extend, prefill as prefill
 from ._graph import (
-    GraphAttentionStep as GraphAttentionStep,
+    ExplicitGraphAttention as ExplicitGraphAttention,
     ImplicitGraphAttention as ImplicitGraphAttention,
 )
+from ._graph_attention import GraphAttentionStep as GraphAttentionStep
 from ._graph_records import GraphRecordsStep as GraphRecordsStep
+from ._graph_step import AbstractGraphStep as AbstractGraphStep, GraphState as GraphState
 from ._hopfield import Hopfield as Hopfield
 from ._hopfield_options import HopfieldOptions as HopfieldOptions
 from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as HopfieldPooling

@@ -35,7 +35,7 @@ class Prediction(NamedTuple):
     steps: Array
     residual: Array
     converged: Array
-    fixed_point: Array | None
+    fixed_point: Any  # an array or a pytree of them (a graph layer's state), or None
 
 
 class AbstractTransformer(eqx.Module):

@@ -46,6 +46,7 @@ from ._files import atomic_write as atomic_write, writable_dir as writable_dir
 from ._models import (
     count_params as count_params,
     explicit_shape as explicit_shape,
+    initial_model as initial_model,
     with_shape as with_shape,
 )
 from ._placement import on_host as on_host
@@ -76,6 +77,7 @@ __all__ = [
     "Trainer",
     "TransformerConfig",
     "evaluate",
+    "initial_model",
     "load_model",
     "optimizer_of",
     "resume",

@@ -21,7 +21,7 @@ from .._errors import Interrupted, RunError
 from ._checkpoint import BEST, CHECKPOINT, load_train_state, save_checkpoint
 from ._evaluation import progress_bar
 from ._files import atomic_write, failpoint
-from ._models import with_shape
+from ._models import initial_key, with_shape
 from ._placement import placement, saved_points
 from ._step import optimizer_of
 from ._task import AbstractTask
@@ -83,7 +83,7 @@ class Trainer:
         self.eval_s, self.prior = 0.0, dict.fromkeys(_PARTS, 0.0)
         self.metrics: dict[str, Any] = {}
         self.total = task.steps_per_epoch * self.config.epochs
-        key, init_key = jax.random.split(jax.random.key(self.config.seed))
+        key, init_key = initial_key(self.config)
         self.model: Any = task.build_model(self.config, init_key)
         leaves = jax.tree.leaves(eqx.filter(self.model, eqx.is_inexact_array))
         self.n_params = sum(x.size for x in leaves)

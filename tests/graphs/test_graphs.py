@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.sparse.csgraph import shortest_path
 
+import eqattn
 from eqattn import graphs
 
 
@@ -84,8 +85,12 @@ def test_bad_graphs_are_refused_in_one_line():
     ]
     model = graphs.GraphDEQ(4, "bfs", key=jax.random.key(0))
     for (adjacency, src), message in cases:
-        for call in (graphs.bfs, lambda x, y: graphs.predict(model, x, y)):
-            with pytest.raises(ValueError) as error:
+        calls = (
+            graphs.bfs,
+            lambda x, y: graphs.predict(model, graphs.from_adjacency(x), y),
+        )
+        for call in calls:
+            with pytest.raises(eqattn.GraphError) as error:
                 call(adjacency, src)
             assert message in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(ValueError, match="`family` must be one of path"):
@@ -115,15 +120,17 @@ def test_models_are_permutation_equivariant(name):
     model, random weights)."""
     model = _float64(MODELS[name](jax.random.key(0), "shortest-paths"))
     g = graphs.sample_weighted("erdos-renyi", 12, 1, seed=3)
-    s, r = g.edges.senders[0], g.edges.receivers[0]
+    s, r = np.asarray(g.graph.senders[0]), np.asarray(g.graph.receivers[0])
     anchors = np.arange(12) == g.source[0]
-    w = jnp.asarray(g.weights[0], jnp.float64)
+    w = jnp.asarray(g.weights[0], jnp.float64)[:, None]
     order = np.random.default_rng(0).permutation(12)
     new = np.append(np.argsort(order), 12)  # old node -> its new index (12: padding stays)
-    p = model.predict((anchors, s, r, w), budget=60)
-    q = model.predict((anchors[order], new[s], new[r], w), budget=60)
-    np.testing.assert_allclose(q.logits[0], p.logits[0], rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(q.logits[1], p.logits[1][order], rtol=1e-9, atol=1e-9)
+    one = eqattn.Graph(s, r, num_nodes=12, edge_features=w)
+    relabelled = eqattn.Graph(new[s], new[r], num_nodes=12, edge_features=w)
+    p = model.predict((one, anchors), budget=60)
+    q = model.predict((relabelled, anchors[order]), budget=60)
+    np.testing.assert_allclose(q.logits.edges, p.logits.edges, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(q.logits.own, p.logits.own[order], rtol=1e-9, atol=1e-9)
     assert int(q.steps) == int(p.steps)
 
 
@@ -133,10 +140,12 @@ def test_predict_pads_inside_and_the_padding_changes_nothing():
     in a call of its own size and padded to more nodes; an isolated node is unreachable."""
     model = graphs.GraphDEQ(6, "bfs", key=jax.random.key(2))
     g = graphs.sample("tree", 16, 3, seed=0)
-    alone = graphs.predict(model, g.adjacency, g.source)
+    alone = graphs.predict(model, graphs.from_adjacency(g.adjacency), g.source)
     padded = np.zeros((3, 17, 17), bool)
     padded[:, :16, :16] = g.adjacency
-    wide = graphs.predict(model, padded, g.source, budget=graphs.budget_for(16))
+    wide = graphs.predict(
+        model, graphs.from_adjacency(padded), g.source, budget=graphs.budget_for(16)
+    )
     np.testing.assert_array_equal(wide.parent[:, :16], alone.parent)
     np.testing.assert_array_equal(wide.reachable[:, :16], alone.reachable)
     np.testing.assert_array_equal(wide.steps, alone.steps)
@@ -147,26 +156,24 @@ def test_bfs_targets_are_the_numpy_bfs_parents_and_reachability_is_exact():
     """BFS is shortest paths on unit weights: the task's per-edge targets are the neighbours
     one edge closer (`valid_parents` of the numpy BFS), on graphs with unreachable nodes; and an
     untrained model's reachability is the numpy BFS's (the solve's flag), at any size."""
-    from eqattn.graphs._weighted import edge_targets
-
     model = graphs.GraphDEQ(6, "bfs", key=jax.random.key(0))
     for n in (12, 300):
         g = graphs.sample("erdos-renyi", n, 3, seed=0)
         reachable, distance = graphs.bfs(*g)
         assert not reachable.all()  # some nodes apart
         parents = graphs.valid_parents(g.adjacency, distance)
-        e = graphs.edge_list(g.adjacency)
         weighted = graphs.from_edges(n, [np.argwhere(np.triu(a)) for a in g.adjacency], g.source)
-        edge_ok, self_ok = edge_targets(weighted, "bfs")
+        edge_ok, self_ok = graphs.ALGORITHMS["bfs"].targets(weighted)
         for b in range(3):
-            real = weighted.edges.receivers[b] < n
-            ri, si = weighted.edges.receivers[b][real], weighted.edges.senders[b][real]
+            real = weighted.graph.receivers[b] < n
+            ri, si = weighted.graph.receivers[b][real], weighted.graph.senders[b][real]
             np.testing.assert_array_equal(edge_ok[b][real], parents[b, ri, si])
             np.testing.assert_array_equal(self_ok[b], parents[b, np.arange(n), np.arange(n)])
-        out = graphs.predict(model, e, g.source)
+        out = graphs.predict(model, graphs.from_adjacency(g.adjacency), g.source)
         np.testing.assert_array_equal(out.reachable, reachable)
 
 
+@pytest.mark.bad_input
 def test_predict_reads_edge_lists_as_their_adjacency_and_refuses_bad_ones():
     """An edge list (with more padding than the rule's) gets its adjacency's answers, and the
     answers are the model's own on each graph; a malformed one is refused in one line naming
@@ -175,37 +182,40 @@ def test_predict_reads_edge_lists_as_their_adjacency_and_refuses_bad_ones():
     small = graphs.sample("tree", 20, 2, seed=1)
     upper = np.triu(np.random.default_rng(0).uniform(0.1, 1.0, (2, 20, 20)), 1)
     dense_w = np.where(small.adjacency, upper + np.swapaxes(upper, 1, 2), 0.0)
-    e = graphs.edge_list(small.adjacency, edges=100)  # more padding than the rule's
-    rows = np.arange(2)[:, None]
-    w = np.where(e.receivers < 20, dense_w[rows, np.minimum(e.receivers, 19), e.senders], 0.0)
-    out = graphs.predict(model, e, small.source, weights=w, budget=40)
-    dense = graphs.predict(model, small.adjacency, small.source, weights=dense_w, budget=40)
-    np.testing.assert_array_equal(out.parent, dense.parent)  # random weights: no ties
-    for b in range(2):
-        anchors = np.arange(20) == small.source[b]
-        x = (anchors, e.senders[b], e.receivers[b], w[b].astype(np.float32))
-        p = model.predict(x, budget=40)
-        np.testing.assert_array_equal(
-            out.parent[b], graphs.choose_parent(*p.logits, e.senders[b], e.receivers[b])
-        )
+    e = graphs.from_adjacency(small.adjacency, dense_w, edges=100)  # more padding than the rule's
+    dense = graphs.from_adjacency(small.adjacency, dense_w)
+    out = graphs.predict(model, e, small.source, budget=40)
+    np.testing.assert_array_equal(
+        out.parent, graphs.predict(model, dense, small.source, budget=40).parent
+    )
+    scores, _, converged = graphs._model.solve_graphs(
+        model, (e, jnp.arange(20) == small.source[:, None]), jnp.asarray(40)
+    )
+    np.testing.assert_array_equal(
+        out.parent, graphs.choose_parents(scores, e, small.source, np.asarray(converged))
+    )
     model = graphs.GraphDEQ(6, "bfs", key=jax.random.key(3))
-    one_way = e.receivers.copy()
+    one_way = np.asarray(e.receivers).copy()
     one_way[0, 0] = 20  # drop one direction of an edge
+    s, r = np.asarray(e.senders), np.asarray(e.receivers)
     cases = [
-        (e._replace(num_nodes=0), "`num_nodes` must be an int >= 1"),
-        (e._replace(senders=e.senders[:, :-1]), "must be integers of one shape [B, E]"),
-        (e._replace(senders=e.senders.astype(float)), "must be integers of one shape [B, E]"),
-        (e._replace(receivers=e.receivers + 5), "edge ends must be nodes in 0 .. 19"),
-        (e._replace(receivers=np.where(e.receivers < 20, e.senders, 20)), "no self-loops"),
-        (e._replace(receivers=one_way), "each edge's reverse must be listed too"),
+        (eqattn.Graph(s, r, num_nodes=0), "`num_nodes` must be an int >= 1"),
+        (eqattn.Graph(s[:, :-1], r, num_nodes=20), "integers of one shape"),
+        (eqattn.Graph(s.astype(float), r, num_nodes=20), "integers of one shape"),
+        (eqattn.Graph(s, r + 5, num_nodes=20), "`receivers` must be nodes in 0 .. 19"),
+        (eqattn.Graph(s, np.where(r < 20, s, 20), num_nodes=20), "no self-loops"),
+        (eqattn.Graph(s, one_way, num_nodes=20), "each edge's reverse must be listed too"),
+        (eqattn.Graph(s[0], r[0], num_nodes=20), "must be a batch"),
     ]
     for graph, message in cases:
-        with pytest.raises(ValueError) as error:
+        with pytest.raises(eqattn.GraphError) as error:
             graphs.predict(model, graph, small.source)
         assert message in str(error.value) and "\n" not in str(error.value)
-    with pytest.raises(ValueError, match="`source` must be in 0 .. 19"):
+    with pytest.raises(eqattn.GraphError, match="`source` must be in 0 .. 19"):
         graphs.predict(model, e, np.array([0, 20]))
-    with pytest.raises(ValueError, match="`model` must be a graph model"):
+    with pytest.raises(eqattn.GraphError, match="`model` must be a graph model"):
         graphs.predict(eqx.nn.Identity(), e, small.source)
+    with pytest.raises(eqattn.GraphError, match="`graph` must be an eqattn.Graph"):
+        graphs.predict(model, small.adjacency, small.source)
     with pytest.raises(ValueError, match="`algorithm` must be one of bfs"):
         graphs.GraphDEQ(6, "dfs", key=jax.random.key(0))

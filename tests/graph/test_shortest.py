@@ -11,7 +11,7 @@ from jax.test_util import check_grads
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra
 
-from eqattn import graphs
+import eqattn
 
 from ..checks import unchecked
 
@@ -35,6 +35,12 @@ def _closed_form(senders, receivers, weights, source, n, beta):
         return np.where(u > 1e-300, -np.log(np.maximum(u, 1e-300)) / beta, np.inf)
 
 
+def _solve(senders, receivers, weights, source, n, **kwargs):
+    """`eqattn.soft_shortest_paths` on the edges given as arrays."""
+    graph = eqattn.Graph(np.asarray(senders), np.asarray(receivers), num_nodes=n)
+    return eqattn.soft_shortest_paths(graph, weights, source, **kwargs)
+
+
 def _exact(senders, receivers, weights, source, n):
     graph = csr_matrix((weights, (senders, receivers)), shape=(n, n))
     return dijkstra(graph, indices=source, return_predecessors=True)
@@ -43,7 +49,7 @@ def _exact(senders, receivers, weights, source, n):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_fixed_point_is_the_walk_sums_closed_form(seed):
     senders, receivers, weights = _digraph(seed)
-    eq = graphs.soft_shortest_paths(senders, receivers, weights, 3, 12, beta=2.0)
+    eq = _solve(senders, receivers, weights, 3, 12, beta=2.0)
     assert bool(eq.converged)
     np.testing.assert_allclose(
         eq.value, _closed_form(senders, receivers, weights, 3, 12, 2.0), rtol=1e-9, atol=1e-10
@@ -60,9 +66,7 @@ def test_it_tends_to_dijkstras_distances_from_below_as_beta_grows():
     assert reached.sum() > 10
     gaps = []
     for beta in (5.0, 20.0, 100.0):
-        soft = np.asarray(
-            graphs.soft_shortest_paths(senders, receivers, weights, 0, 30, beta=beta).value
-        )
+        soft = np.asarray(_solve(senders, receivers, weights, 0, 30, beta=beta).value)
         assert np.array_equal(np.isfinite(soft), reached)  # +inf exactly where no walk reaches
         gap = exact[reached] - soft[reached]
         assert gap.min() >= -1e-9  # from below
@@ -74,7 +78,7 @@ def test_gradients_match_finite_differences_and_tend_to_the_shortest_path_tree()
     senders, receivers, weights = _digraph(5, n=8, edges=20)
 
     def distances(w, beta):
-        d = graphs.soft_shortest_paths(senders, receivers, w, 0, 8, beta=beta).value
+        d = _solve(senders, receivers, w, 0, 8, beta=beta).value
         return jnp.where(jnp.isfinite(d), d, 0.0)
 
     check_grads(distances, (weights, 1.5), order=1, modes=["rev"], atol=1e-6, rtol=1e-6)
@@ -97,24 +101,18 @@ def test_a_divergent_walk_sum_is_reported_never_a_plausible_distance():
     """A cycle of weight 0.2 at beta 1: every walk around it adds e^{-0.2} to the sum, which
     diverges (spectral radius of A above 1): not converged, NaN distances; `throw` raises."""
     senders, receivers, weights = np.array([0, 1]), np.array([1, 0]), np.array([0.1, 0.1])
-    eq = graphs.soft_shortest_paths(senders, receivers, weights, 0, 3, beta=1.0)
+    eq = _solve(senders, receivers, weights, 0, 3, beta=1.0)
     assert not bool(eq.converged) and np.isnan(eq.value[:2]).all() and eq.value[2] == np.inf
     with pytest.raises(eqx.EquinoxRuntimeError):
-        graphs.soft_shortest_paths(
-            senders, receivers, weights, 0, 3, beta=1.0, throw=True
-        ).value.block_until_ready()
+        _solve(senders, receivers, weights, 0, 3, beta=1.0, throw=True).value.block_until_ready()
     # at beta 30 the same cycle's walks fade: a distance, and the unreachable node's stays inf
-    eq = graphs.soft_shortest_paths(senders, receivers, weights, 0, 3, beta=30.0)
+    eq = _solve(senders, receivers, weights, 0, 3, beta=30.0)
     assert bool(eq.converged) and abs(float(eq.value[1]) - 0.1) < 1e-3
 
 
 def test_it_runs_under_jit_and_vmap_over_sources():
     senders, receivers, weights = _digraph(6)
-    solve = jax.jit(
-        jax.vmap(
-            lambda s: graphs.soft_shortest_paths(senders, receivers, weights, s, 12, beta=2.0).value
-        )
-    )
+    solve = jax.jit(jax.vmap(lambda s: _solve(senders, receivers, weights, s, 12, beta=2.0).value))
     got = solve(jnp.arange(3))
     for s in range(3):
         np.testing.assert_allclose(
@@ -123,17 +121,20 @@ def test_it_runs_under_jit_and_vmap_over_sources():
 
 
 @pytest.mark.bad_input
-def test_bad_input_is_a_value_error_naming_the_argument():
+def test_bad_input_is_a_graph_error_naming_the_argument():
     s, r, w = np.array([0, 1]), np.array([1, 2]), np.array([1.0, 1.0])
+    graph = eqattn.Graph(s, r, num_nodes=3)
     for args, kwargs, match in [
-        ((s, r, np.array([1.0, -1.0]), 0, 3), {}, "`weights` must be finite and >= 0"),
-        ((s, r, np.array([1.0, np.nan]), 0, 3), {}, "`weights` must be finite and >= 0"),
-        ((s, r, w, 3, 3), {}, "`source` must be a node in 0 .. 2"),
-        ((s, r[:1], w, 0, 3), {}, "one entry per edge"),
-        ((s, np.array([1, 5]), w, 0, 3), {}, "`receivers` must be node indices"),
-        ((s.astype(float), r, w, 0, 3), {}, "`senders` must be a 1-D integer array"),
-        ((s, r, w, 0, 0), {}, "`num_nodes` must be an int >= 1"),
-        ((s, r, w, 0, 3), {"beta": 0.0}, "`beta` must be > 0"),
+        ((graph, np.array([1.0, -1.0]), 0), {}, "`weights` must be finite and >= 0"),
+        ((graph, np.array([1.0, np.nan]), 0), {}, "`weights` must be finite and >= 0"),
+        ((graph, w, 3), {}, "`source` must be a node in 0 .. 2"),
+        ((graph, w[:1], 0), {}, r"one per edge \[2\]"),
+        ((eqattn.Graph(s, np.array([1, 5]), num_nodes=3), w, 0), {}, "`receivers` must be nodes"),
+        ((eqattn.Graph(s.astype(float), r, num_nodes=3), w, 0), {}, "must be integers"),
+        ((graph, w, 0), {"beta": 0.0}, "`beta` .* must be finite and > 0"),
+        ((graph, w, 0), {"beta": np.nan}, "`beta` .* must be finite and > 0"),
     ]:
-        with unchecked(), pytest.raises(ValueError, match=match):
-            graphs.soft_shortest_paths(*args, **{"beta": 1.0, **kwargs})
+        with unchecked(), pytest.raises(eqattn.GraphError, match=match):
+            eqattn.soft_shortest_paths(*args, **{"beta": 1.0, **kwargs})
+    with pytest.raises(eqattn.GraphError, match="`num_nodes` must be an int >= 1"):
+        eqattn.Graph(s, r, num_nodes=0).check()

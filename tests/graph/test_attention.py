@@ -159,8 +159,9 @@ def test_a_batch_of_graphs_padded_to_one_edge_count_runs_under_vmap_and_jit():
 
 
 @pytest.mark.bad_input
-def test_bad_input_is_a_value_error_naming_the_argument():
+def test_bad_input_is_a_graph_error_naming_the_argument():
     q, k, v, r = np.ones((3, 4)), np.ones((5, 4)), np.ones((5, 2)), np.zeros(5, np.int32)
+    graph = eqattn.Graph(np.zeros(5, np.int32), r, num_nodes=4)
     for args, kwargs, match in [
         ((q[0], k, v, r), {}, "`queries` must be a 2-D"),
         ((q, k[:, :3], v, r), {}, "same width d"),
@@ -168,9 +169,37 @@ def test_bad_input_is_a_value_error_naming_the_argument():
         ((q, k, v, r.astype(float)), {}, "`receivers` must be a 1-D integer"),
         ((q, k, v, r), {"bias": np.ones(4)}, "`bias` must be floating-point of shape"),
         ((q, k, v, r), {"beta": np.ones(2)}, "`beta` must be a number"),
+        ((q, k, v, graph), {}, r"one row per node of the graph \(4\); got 3"),
     ]:
-        with unchecked(), pytest.raises(ValueError, match=match):
+        with unchecked(), pytest.raises(eqattn.GraphError, match=match):
             eqattn.graph_attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize("beta", [np.nan, np.inf, 0.0, -1.0])
+def test_a_bad_beta_is_refused_or_poisoned_never_a_graph_without_edges(beta):
+    """As dense attention: a concrete `beta` that is not finite and > 0 is refused; a traced
+    one gives NaN (loudly wrong), not output 0 and lse -inf for every node."""
+    rng = np.random.default_rng(6)
+    q, k, v, _, receivers = _graph(rng)
+    with pytest.raises(eqattn.GraphError, match="finite and > 0"):
+        eqattn.graph_attention(q, k, v, receivers, beta=beta)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        eqattn.attention(q, k, beta=beta)  # the same contract as the dense operator's
+    out, lse = jax.jit(lambda b: eqattn.graph_attention_with_lse(q, k, v, receivers, beta=b))(
+        jnp.asarray(beta)
+    )
+    has_edges = np.isin(np.arange(q.shape[0]), receivers)
+    assert np.isnan(out[has_edges]).all() and np.isnan(lse[has_edges]).all()
+
+
+def test_a_graph_gives_its_receivers():
+    """A `Graph` in place of the receivers: the same answer (and its node count is checked)."""
+    rng = np.random.default_rng(7)
+    q, k, v, senders, receivers = _graph(rng)
+    graph = eqattn.Graph(senders, receivers, num_nodes=q.shape[0])
+    np.testing.assert_array_equal(
+        eqattn.graph_attention(q, k, v, graph), eqattn.graph_attention(q, k, v, receivers)
+    )
 
 
 def test_the_backward_holds_memory_in_the_edges_not_the_nodes_squared():
