@@ -1,3 +1,4 @@
+import fcntl
 import gc
 import os
 
@@ -104,3 +105,29 @@ def _every_prediction_is_a_forest(monkeypatch):
 
     for module in (_predict, _evaluation):
         monkeypatch.setattr(module, "choose_parents", checked)
+
+
+@pytest.fixture(scope="session")
+def graph_runs(tmp_path_factory):
+    """The graph task's DEQ and explicit twin at the command's defaults (the README's first
+    run), trained once for the whole test run, every worker sharing them: the folder whose
+    `runs/graphs/deq` and `runs/graphs/explicit` hold them (the guide's Python block, the graph
+    runs' tests and the quick graphs benchmark read them)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / "shared-graph-runs"
+    with open(root / "shared-graph-runs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (folder / "done").exists():
+                from eqattn.cli import main
+
+                with jax.enable_x64(False):
+                    for model in ("deq", "explicit"):
+                        out = folder / "runs" / "graphs" / model
+                        argv = ["train", "--task", "graphs", "--model", model, "--no-progress"]
+                        assert main([*argv, "--out", str(out)]) == 0
+                (folder / "done").touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return folder

@@ -25,8 +25,11 @@ def test_readme_has_examples():
 
 
 @pytest.mark.parametrize("name, block", BLOCKS, ids=[name for name, _ in BLOCKS])
-def test_readme_example_runs(name, block):
-    # as a reader runs them: JAX's default float32 (the suite switches float64 on elsewhere)
+def test_readme_example_runs(name, block, request, monkeypatch):
+    # as a reader runs them: JAX's default float32 (the suite switches float64 on elsewhere);
+    # a block that reads `eqattn train`'s graph runs runs where the suite trained them once
+    if "runs/graphs/" in block:
+        monkeypatch.chdir(request.getfixturevalue("graph_runs"))
     with jax.enable_x64(False):
         exec(compile(block, name, "exec"), {})
 

@@ -96,17 +96,18 @@ def _train_new(a, task, model: str, out: Path) -> dict[str, dict]:
 def _resume(a, task, out: Path) -> dict[str, dict]:
     """The run in `out` continued, or the pair in `out/deq` and `out/explicit` (a finished one
     of the pair is read as it is)."""
-    given = [n for n in _given_settings(a, task) if n != "epochs"]
-    if given:
-        raise ConfigError(
-            f"`resume` continues the run with its saved settings: "
-            f"{', '.join(f'`{n}`' for n in given)} cannot change (`epochs` can)"
-        )
     runs: dict[str | None, Path] = {None: out}
     if not (out / train.CHECKPOINT).is_file():
         runs = {m: out / m for m in PAIR if (out / m / train.CHECKPOINT).is_file()}
     if not runs:
         raise RunError(f"nothing to resume: no checkpoint in {str(out)!r}")
+    given = {n: v for n, v in _given_settings(a, task).items() if n != "epochs"}
+    changed = sorted({n for run in runs.values() for n, v in given.items() if _saved(run, n) != v})
+    if changed:  # repeating the run's own settings is no change
+        raise ConfigError(
+            f"`resume` continues the run with its saved settings: "
+            f"{', '.join(f'`{n}`' for n in changed)} cannot change (`epochs` can)"
+        )
     recorded = {run: _recorded_run(run) for run in runs.values()}
     for run, (saved_task, saved_model) in recorded.items():
         for name, wanted, saved in (("task", a.task, saved_task), ("model", a.model, saved_model)):
@@ -131,6 +132,13 @@ def _resume(a, task, out: Path) -> dict[str, dict]:
         )
         _report(metrics[saved_model], run)
     return metrics
+
+
+def _saved(run: Path, name: str):
+    """The setting `name` as the run in `run` recorded it (lists as the tuples given)."""
+    _, header = train.read_header(run)
+    value = header["config"].get(name)
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _recorded_run(out: Path) -> tuple[str, str]:

@@ -19,9 +19,10 @@ RUN_FILES = ("checkpoint.eqx", "metrics.json", "best.eqx")
 
 class RunDirectory:
     """`with RunDirectory(out, overwrite=..., resume=...) as run:` holds an exclusive lock on the
-    directory (a second `eqattn train` into it exits at once, naming the holder's PID), removes
-    temp files a killed run left behind, and refuses a directory that holds a run unless
-    `resume` (continue it) or `overwrite` (move it aside into `replaced-<time>/`)."""
+    directory (a second `eqattn train` into it exits at once, naming the holder's PID; the lock
+    file is gone when the run ends), removes temp files a killed run left behind, and refuses a
+    directory that holds a run unless `resume` (continue it) or `overwrite` (move it aside into
+    `replaced-<time>/`)."""
 
     def __init__(
         self,
@@ -104,10 +105,11 @@ class RunDirectory:
         untouched = self.moved_to is None and not any(
             (self.path / name).exists() for name in RUN_FILES
         )
+        # The lock file goes while it is still held: a process that opens the name afterwards
+        # makes a new file (and takes its lock); one that opened it before found it held.
+        (self.path / LOCK).unlink(missing_ok=True)
         if exc[0] is not None and untouched:  # nothing written: leave no trace
-            made_dirs, made_lock = self._made
-            if made_lock:
-                (self.path / LOCK).unlink(missing_ok=True)
+            made_dirs, _ = self._made
             for folder in made_dirs:  # this one first, then the parents made for it
                 if any(folder.iterdir()):
                     break

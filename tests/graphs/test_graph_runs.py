@@ -1,6 +1,7 @@
 """`eqattn train --task graphs` and `eqattn evaluate` on its runs, as a user runs them: the DEQ
 (`nn.ImplicitGraphAttention`) trained on graphs of 8-16 nodes answers on graphs of 100 and more
-as the numpy BFS does; the explicit model of equal parameters cannot see beyond its depth."""
+as the numpy BFS does; the explicit model of equal parameters cannot see beyond its depth. The
+runs are the suite's shared ones (`graph_runs`, the command's defaults)."""
 
 import json
 
@@ -14,16 +15,9 @@ pytestmark = pytest.mark.float32
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """A DEQ (the defaults, one epoch) and its explicit baseline."""
-    import jax
-
-    base = tmp_path_factory.mktemp("graphs")
-    with jax.enable_x64(False):  # a module fixture runs outside the tests' float32 marker
-        for model in ("deq", "explicit"):
-            argv = ["train", "--task", "graphs", "--model", model, "--epochs", "1"]
-            assert main([*argv, "--no-progress", "--out", str(base / model)]) == 0
-    return base
+def runs(graph_runs):
+    """The DEQ (the defaults) and its explicit twin."""
+    return graph_runs / "runs" / "graphs"
 
 
 def test_the_deq_answers_on_larger_graphs_as_bfs_does(runs):
@@ -31,10 +25,10 @@ def test_the_deq_answers_on_larger_graphs_as_bfs_does(runs):
     assert metrics["task"] == "graphs" and metrics["graph_sizes"] == [8, 16]
     assert metrics["test_accuracy"] >= 0.99 and metrics["test_accuracy_at_64_nodes"] >= 0.99
     model = graphs.load_model(runs / "deq")
-    assert model.algorithm == "bfs"
+    assert model.algorithm is graphs.ALGORITHMS["bfs"]
     for family, n in (("path", 100), ("grid", 150), ("erdos-renyi", 120)):
         g = graphs.sample(family, n, 3, seed=11)
-        out = graphs.predict(model, g.adjacency, g.source)
+        out = graphs.predict(model, graphs.from_adjacency(g.adjacency), g.source)
         reachable, distance = graphs.bfs(*g)
         parents = graphs.valid_parents(g.adjacency, distance)
         right = np.take_along_axis(parents, out.parent[..., None], -1)[..., 0]
@@ -88,6 +82,21 @@ def test_graph_options_and_refusals(runs, capsys, tmp_path):
     model = graphs.load_model(runs / "deq")
     # a budget below one step is refused, not answered with every node unreachable
     g = graphs.sample("path", 6, 1, seed=0)
-    for budget in (0, -3, 2.5):
+    for budget in (0, -3, 2.5, True):
         with pytest.raises(graphs.ConfigError, match="`budget` must be an integer >= 1"):
-            graphs.predict(model, g.adjacency, g.source, budget=budget)
+            graphs.predict(model, graphs.from_adjacency(g.adjacency), g.source, budget=budget)
+
+
+def test_resume_with_the_runs_own_options_continues(tmp_path, capsys):
+    """`--resume` repeated with the options the run was started with (`--algorithm
+    shortest-paths --model deq`) continues it; another value of one is refused."""
+    argv = ["train", "--task", "graphs", "--algorithm", "shortest-paths", "--model", "deq"]
+    tiny = ["--epochs", "1", "--epoch-steps", "5", "--no-progress", "--out", str(tmp_path)]
+    assert main([*argv, *tiny]) == 0
+    more = ["--resume", "--epochs", "2", "--no-progress", "--out", str(tmp_path)]
+    assert main([*argv, *more]) == 0
+    assert json.loads((tmp_path / "metrics.json").read_text())["epochs_done"] == 2
+    capsys.readouterr()
+    other = ["train", "--task", "graphs", "--algorithm", "mst", "--resume", "--out", str(tmp_path)]
+    assert main(other) == 2
+    assert "--algorithm cannot change" in capsys.readouterr().err

@@ -174,6 +174,26 @@ def test_a_locked_run_refuses_a_second_and_ctrl_c_keeps_its_checkpoint(tmp_path,
     assert f"test accuracy {100 * metrics['test_accuracy']:.2f}%" in out
 
 
+def test_ctrl_c_while_starting_exits_130_with_one_line(tmp_path):
+    """SIGINT while the command is still importing eqattn (JAX's start-up: its first seconds):
+    the entry point that stands before the package says so in one line, exit status 130, no
+    traceback."""
+    entry = "import _eqattn_command; _eqattn_command.run()"
+    process = subprocess.Popen(
+        [sys.executable, "-c", entry, "train", "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    time.sleep(0.3)  # Python has started, eqattn is not imported yet
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err == "eqattn: interrupted while starting\n", err
+    assert not (tmp_path / "run").exists()
+
+
 def test_ctrl_c_while_compiling_exits_130_with_one_line_and_leaves_nothing(tmp_path):
     """SIGINT a second after the run has locked its directory (while the step compiles): exit
     status 130, one line, no crash on the way out (the interpreter's teardown used to end in a
@@ -189,7 +209,7 @@ def test_ctrl_c_while_compiling_exits_130_with_one_line_and_leaves_nothing(tmp_p
         _, err = first.communicate(timeout=60)
     assert first.returncode == 130, err
     assert _one_line(err).startswith("eqattn train: interrupted"), err
-    assert not [p.name for p in out.rglob("*") if p.is_file() and p.name != ".eqattn.lock"]
+    assert not [p.name for p in out.rglob("*") if p.is_file()]  # the lock file is gone too
 
 
 @pytest.mark.parametrize("damage", ["overwrite", "truncate", "append"])
