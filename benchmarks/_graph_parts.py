@@ -40,14 +40,14 @@ def exact(model: graphs.GraphDEQ) -> graphs.GraphDEQ:
 
 def controls(deq, config, sizes: dict[int, int] | None, depth: int) -> dict[str, dict]:
     """A DEQ run's controls, each evaluated on `sizes` (None: the evaluation's) at the budget
-    rule: its untrained model (the run's initialisation), the layer at the exact parameters,
-    and its trained step tied and run `depth` times."""
+    rule: its untrained model (the run's initialisation), the layer at the exact parameters
+    (an attention step's; a records step's are its untrained model's), and its trained step
+    tied and run `depth` times."""
     untrained = train.initial_model(graphs.GraphTask.build_model, config)
-    models = {
-        "untrained": untrained,
-        "exact parameters": exact(untrained),
-        f"tied x{depth}": graphs.tied_twin(deq, depth),
-    }
+    models = {"untrained": untrained, "exact parameters": exact(untrained)}
+    if models["exact parameters"] is untrained:  # a records step: the same model
+        del models["exact parameters"]
+    models[f"tied x{depth}"] = graphs.tied_twin(deq, depth)
     out = {}
     for name, model in models.items():
         rows = graphs.evaluate_sizes(model, config, None, sizes=sizes, sweep=False)
