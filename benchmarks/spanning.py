@@ -20,8 +20,8 @@ name Prim's parent (scipy's tree), which must be none.
 Then the library's records layer, the spanning-tree DEQ of the graph task untrained
 (`graphs.GraphDEQ` of `graphs.SpanningTree(records=k)`: `nn.GraphRecordsStep` solved by
 `nn.ImplicitGraphAttention`, each edge's rank under the tie rule as its weight, float32): per
-family (Erdős–Rényi, grid, random geometric, Delaunay), size and k, the share of its parents that
-are right (`graphs.score_parents`), the share it leaves unresolved (a list cut at k ties with a
+family (paths and cycles, whose lists are the longest, Erdős–Rényi, grid, random geometric,
+Delaunay), size and k, the share of its parents that are right (`graphs.score_parents`), the share it leaves unresolved (a list cut at k ties with a
 child's), its steps, and the time of one step against one record's.
 
 `--quick`: 2 graphs of 64 nodes per family.
@@ -42,7 +42,7 @@ from ._harness import markdown_table, time_interleaved
 
 KS = (1, 2, 4, 8, 12)
 SIZES = {64: 16, 1024: 4, 4096: 2}
-LAYER_FAMILIES = ("erdos-renyi", "grid", "geometric", "delaunay")
+LAYER_FAMILIES = ("path", "cycle", "erdos-renyi", "grid", "geometric", "delaunay")
 LAYER_KS = (1, 4, 8, 16, 32)
 """The records the layer carries."""
 

@@ -24,6 +24,15 @@ def test_readme_has_examples():
     assert BLOCKS
 
 
+def test_the_docs_cite_test_files_that_exist():
+    """A test file the README or a page names (`tests/...py`) is where it says: files move."""
+    cited = {
+        name for page in PAGES for name in re.findall(r"`(tests/[\w/]+\.py)`", page.read_text())
+    }
+    assert "tests/conftest.py" in cited
+    assert sorted(name for name in cited if not (ROOT / name).is_file()) == []
+
+
 @pytest.mark.parametrize("name, block", BLOCKS, ids=[name for name, _ in BLOCKS])
 def test_readme_example_runs(name, block, request, monkeypatch):
     # as a reader runs them: JAX's default float32 (the suite switches float64 on elsewhere);

@@ -10,10 +10,10 @@ it *is* the algorithm.
 - `BFS`: breadth-first search, parents one hop closer (Bellman-Ford on unit weights): a
   [`GraphAttentionStep`][eqattn.nn.GraphAttentionStep] with shift and bottleneck channels, the
   source's code learned.
-- `ShortestPaths`: a parent on a shortest path (relative 1e-6): a shift-only step, whose
-  $q \cdot z$ obeys Bellman-Ford's recursion exactly, with each node's temperature relative to
-  its own distance (weights from $10^{-6}$ to $10^6$, heavy tails and near ties alike), the
-  source at distance 0.
+- `ShortestPaths`: a parent on a shortest path (relative 1e-6): one shift channel, the
+  distance, whose $q z$ obeys Bellman-Ford's recursion exactly, with each node's temperature
+  relative to its own distance (weights from $10^{-6}$ to $10^6$, heavy tails and near ties
+  alike), the source at distance 0.
 - `SpanningTree`: the parent in the minimum spanning tree of the source's component rooted at
   the source (Prim's output): a [`GraphRecordsStep`][eqattn.nn.GraphRecordsStep] on each edge's
   rank under the tie rule, (weight, smaller end, larger end), which makes the tree unique.
@@ -42,7 +42,8 @@ close to the shortest is right (float32 resolves about 1e-7)."""
 
 class AbstractAlgorithm(eqx.Module):
     """An algorithm of the graph task (module docstring): `name`, whether it reads `weights`,
-    its default training `families`, model `dim` and solver `rtol`; `step(width)` and
+    its default training `families`, model `dim` (and `explicit_width`) and solver `rtol`;
+    `step(width)` and
     `encoder(width)` build its models' parts, `edge_features(graph)` its weight rule (one
     graph, in JAX), `targets(graphs)` the valid parents (numpy)."""
 
@@ -51,6 +52,8 @@ class AbstractAlgorithm(eqx.Module):
     families: eqx.AbstractClassVar[tuple[str, ...]]
     dim: eqx.AbstractClassVar[int]
     rtol: eqx.AbstractClassVar[float]
+    explicit_width: ClassVar[int | None] = None
+    """The explicit twin's width; None: the one that gives it the DEQ's parameters."""
 
     @abc.abstractmethod
     def step(self, width: int, *, key, dtype=None) -> nn.AbstractGraphStep:
@@ -58,6 +61,11 @@ class AbstractAlgorithm(eqx.Module):
 
     def encoder(self, width: int, *, key, dtype=None) -> eqx.Module | None:
         """The source's code from its node feature (a 1): None, the step's zero state."""
+        return None
+
+    def refined(self, step: nn.AbstractGraphStep) -> nn.AbstractGraphStep | None:
+        """A step of more capacity with the same parameters, for a solve that converged with
+        nodes unresolved for want of it; None where capacity is not what leaves them so."""
         return None
 
     @abc.abstractmethod
@@ -176,8 +184,9 @@ class ShortestPaths(AbstractAlgorithm):
     name: ClassVar[str] = "shortest-paths"
     weighted: ClassVar[bool] = True
     families: ClassVar[tuple[str, ...]] = WEIGHTED_FAMILIES
-    dim: ClassVar[int] = 24
+    dim: ClassVar[int] = 1  # the distance; wider, q . z sums channels and cancels (findings)
     rtol: ClassVar[float] = nn.GraphAttentionStep.default_rtol
+    explicit_width: ClassVar[int | None] = 1  # no narrower twin: 16 steps, 16x the parameters
 
     def step(self, width, *, key, dtype=None):
         return nn.GraphAttentionStep(width, 1, key=key, bottlenecks=0, relative=True, dtype=dtype)
@@ -190,11 +199,15 @@ class ShortestPaths(AbstractAlgorithm):
 
 
 RECORDS = 32
-"""The spanning-tree models' records per node. A path's records number about the log of its
-length plus 0.58 (the `spanning` benchmark), but the most over the nodes of one graph is what
-counts: over 50 random orders of 4096 weights, the longest prefix held 17 records at the median
-and 22 at most (16 cut the lists of 66% of such paths, and a node whose list is cut ties with
-its child, unresolved). 32 leave a margin to 4096 nodes and beyond."""
+"""The spanning-tree models' records per node: a path's records number about the log of its
+length, but a node whose list is cut ties with its child and is left unresolved, so what counts
+is the most over a graph's nodes (the `spanning` benchmark and the findings page: 16 cut the
+lists of 4096-node paths; 32 leave a margin on random weights). A graded mesh's paths, their
+edges shorter and shorter, hold many more: a prediction solves again with twice the records
+where a list was cut (`SpanningTree.refined`), up to `MAX_RECORDS`."""
+
+MAX_RECORDS = 512
+"""The most records a spanning-tree prediction carries (four doublings of `RECORDS`)."""
 
 
 class SpanningTree(AbstractAlgorithm):
@@ -223,6 +236,13 @@ class SpanningTree(AbstractAlgorithm):
 
     def step(self, width, *, key, dtype=None):
         return nn.GraphRecordsStep(self.records, key=key, units=width, dtype=dtype)
+
+    def refined(self, step):
+        """Twice the records (up to `MAX_RECORDS`): with distinct ranks, lists tie only where
+        they were cut."""
+        if not isinstance(step, nn.GraphRecordsStep) or step.records >= MAX_RECORDS:
+            return None
+        return step.with_records(min(2 * step.records, MAX_RECORDS))
 
     def edge_features(self, graph):
         return ranks(graph)

@@ -17,9 +17,10 @@ class GraphConfig(Config):
     spanning tree rooted at the source; `ALGORITHMS`), learned on graphs of `graph_sizes` nodes
     from `families` (None: the algorithm's, all of `FAMILIES` for `bfs`, which reads every
     weight as 1, of `WEIGHTED_FAMILIES` for the others), drawn afresh for every one of the
-    `epoch_steps` optimizer steps of an epoch. `dim` and `rtol` default to the algorithm's
-    (`bfs`: 22 channels, 11 of them bottlenecks, 100 parameters as the twin's 16 steps of 2;
-    `shortest-paths`: 24 shift channels, 49 parameters, the twin's 16 steps of 1, 48; `mst`: 16
+    `epoch_steps` optimizer steps of an epoch. `dim` and `rtol` default to the algorithm's, and
+    so does the explicit twin's `width` where the algorithm sets one (`bfs`: 22 channels, 11 of
+    them bottlenecks, 100 parameters as the twin's 16 steps of 2; `shortest-paths`: one
+    channel, the distance, 3 parameters, its twin's 16 steps of one channel 48; `mst`: 32
     records and a weight map of 22 units, 67 parameters, the twin's 16 steps of one unit, 64).
 
     **Example:**
@@ -66,6 +67,8 @@ class GraphConfig(Config):
         for name in ("dim", "rtol"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(algorithm, name))
+        if self.model == "explicit" and self.width is None and algorithm.explicit_width:
+            object.__setattr__(self, "width", algorithm.explicit_width)
         super().__post_init__()
         at_least(self, ("epoch_steps",), 1)
         low, high = self.graph_sizes

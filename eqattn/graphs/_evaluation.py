@@ -109,7 +109,7 @@ def answer(model, inputs, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     convergence, for a batch of `examples`."""
     graph, anchors = inputs
     arrays = (graph, jnp.asarray(anchors))
-    scores, steps, converged = jax.device_get(solve_graphs(model, arrays, jnp.asarray(budget)))
+    scores, steps, converged = solve_graphs(model, arrays, jnp.asarray(budget))
     source = np.argmax(anchors, axis=1)
     return choose_parents(scores, graph, source, np.asarray(converged)), steps, converged
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .. import nn
@@ -117,6 +118,11 @@ class GraphDEQ(eqx.Module):
             dtype=dtype,
         )
 
+    def refined(self) -> GraphDEQ | None:
+        """The same model with a step of more capacity (the algorithm's `refined`), or None."""
+        step = self.algorithm.refined(self.layer.step)
+        return None if step is None else eqx.tree_at(lambda m: m.layer.step, self, step)
+
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
         g, anchors, features = _read(self.algorithm, x)
         features = None if self.layer.encoder is None else features
@@ -197,8 +203,20 @@ def tied_twin(deq: GraphDEQ, depth: int) -> GraphStack:
 
 
 @eqx.filter_jit
-def solve_graphs(model, inputs, budget) -> tuple[ParentScores, Array, Array]:
-    """A batch's parent scores, each solve's steps and convergence (`inputs`: a batch of
-    `Inputs`, a graph of `[B, E]` edges and the anchors `[B, n]`)."""
+def _solve(model, inputs, budget) -> tuple[ParentScores, Array, Array]:
     p = jax.vmap(lambda x: model.predict(x, budget=budget))(inputs)
     return p.logits, p.steps, p.converged
+
+
+def solve_graphs(model, inputs, budget) -> tuple[ParentScores, np.ndarray, np.ndarray]:
+    """A batch's parent scores, each solve's steps and convergence (`inputs`: a batch of
+    `Inputs`, a graph of `[B, E]` edges and the anchors `[B, n]`; numpy on the host). Where
+    every solve converged but left a reached node unresolved and the model can carry more
+    (`GraphDEQ.refined`: a spanning tree's lists cut short), it solves again with more."""
+    while True:
+        scores, steps, converged = jax.device_get(_solve(model, inputs, budget))
+        unresolved = np.any(np.asarray(scores.reached) & ~np.asarray(scores.resolved))
+        better = getattr(model, "refined", lambda: None)() if unresolved else None
+        if better is None or not np.all(converged):
+            return scores, steps, converged
+        model = better

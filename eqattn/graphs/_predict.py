@@ -214,7 +214,7 @@ def _solve(model, g: WeightedGraphs, budget: int) -> GraphPrediction:
     rows = 1 << (count - 1).bit_length()  # graphs: a power of two, 1 for one
     padded, anchors = _pad(g, rows, bucket(n), bucket(edges))
     inputs = (padded, jnp.asarray(anchors))
-    scores, steps, converged = jax.device_get(solve_graphs(model, inputs, jnp.asarray(budget)))
+    scores, steps, converged = solve_graphs(model, inputs, jnp.asarray(budget))
     scores = jax.tree.map(lambda x: np.asarray(x)[:count], scores)
     converged = np.asarray(converged)[:count]
     one = Graph(

@@ -51,13 +51,15 @@ def distance_lines(by_model: dict[str, dict[str, list[int]]]) -> list[str]:
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    """The lines of a graphs run's evaluation (what `eqattn evaluate` prints)."""
+    """The lines of a graphs run's evaluation (what `eqattn evaluate` prints): per family and
+    size the shares right, and of nodes the model gave no answer (not resolved: -1)."""
     deq = result["model"] == "deq"
     lines = [
         f"graphs ({result['model']} model, {result['algorithm']}): reachability and a valid "
         "parent, per family and size"
         + (f", at the solver budget rule {result['budget_rule']}" if deq else ""),
-        "family        nodes  graphs  max hops  budget  steps  converged  reachable   parent",
+        "family        nodes  graphs  max hops  budget  steps  converged  reachable   parent"
+        "  no answer",
     ]
     for r in result["sizes"]:
         a = r["at_rule"]
@@ -68,7 +70,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"{r['family']:<12} {r['n']:>6} {r['graphs']:>7} {r['max_distance']:>9} {solve} "
-            f"{a['reach_accuracy']:>10.2%} {a['parent_accuracy']:>8.2%}"
+            f"{a['reach_accuracy']:>10.2%} {a['parent_accuracy']:>8.2%} {a['unresolved']:>10.2%}"
         )
         if "sweep" in r and len(r["sweep"]) > 1:
             cells = [f"{s['max_steps']}: {s['accuracy']:.1%}" for s in r["sweep"]]

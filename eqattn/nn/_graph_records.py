@@ -132,6 +132,18 @@ class GraphRecordsStep(AbstractGraphStep):
         """The state's channels: `records`."""
         return self.records
 
+    def with_records(self, records: int) -> GraphRecordsStep:
+        """The same step (its weight map and temperature) carrying `records` records: more
+        where a list was cut short (the parameters do not depend on the count)."""
+        check_sizes(records=records)
+        units, dtype = self.log_scale.shape[0], self.log_scale.dtype
+        wider = GraphRecordsStep(records, key=jax.random.key(0), units=units, dtype=dtype)
+        return eqx.tree_at(
+            lambda s: (s.log_scale, s.log_slope, s.offset, s.log_beta),
+            wider,
+            (self.log_scale, self.log_slope, self.offset, self.log_beta),
+        )
+
     @property
     def edge_features(self) -> int:
         """The features per edge: one, the weight."""

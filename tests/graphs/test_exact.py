@@ -4,14 +4,13 @@ networkx's generators; the spanning tree under the tie rule against Kruskal writ
 shortest paths against scipy's Dijkstra (float64). Every prediction of the suite is also checked
 to form a forest rooted at the source (`tests/conftest.py`)."""
 
-import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from benchmarks import _generators
 from benchmarks._generators import DISTRIBUTIONS, reweighted, sample
+from benchmarks._graph_parts import exact
 from eqattn import graphs
 
 pytestmark = pytest.mark.float32
@@ -57,13 +56,7 @@ def kruskal(g: graphs.WeightedGraphs, b: int) -> np.ndarray:
 def exact_paths() -> graphs.GraphDEQ:
     """The shortest-path DEQ at its exact parameters (its shift adds the weight, its scores
     read minus it): Bellman-Ford with each node's temperature relative to its distance."""
-    model = graphs.GraphDEQ(2, "shortest-paths", key=jax.random.key(0))
-    step = model.layer.step
-    return eqx.tree_at(
-        lambda m: (m.layer.step.shift, m.layer.step.query),
-        model,
-        (jnp.ones_like(step.shift), jnp.array([-1.0, 0.0])),
-    )
+    return exact(graphs.GraphDEQ(2, "shortest-paths", key=jax.random.key(0)))
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +117,21 @@ def test_exact_on_large_graphs(models, family, n, distribution):
     for name in ("mst", "shortest-paths"):
         out = graphs.predict(models[name], g.graph, g.source)
         assert out.converged.all() and graphs.score_parents(g, out.parent, name).all(), name
+
+
+def test_lists_longer_than_the_model_carries_are_solved_again_with_more(models):
+    """A path whose weights fall away from the source holds every edge as a record: 199 of
+    them, more than the 32 the model carries. The lists cut short tie; the prediction solves
+    again with twice the records until none is cut (a graded mesh's paths are such), and every
+    parent is Kruskal's."""
+    n = 200
+    pairs = [(i, i + 1) for i in range(n - 1)]
+    g = graphs.from_edges(n, [pairs], [0], weights=[np.linspace(2.0, 1.0, n - 1)])
+    model = models["mst"]
+    assert model.layer.step.records == 32 and model.refined().layer.step.records == 64
+    out = graphs.predict(model, g.graph, g.source)
+    assert out.converged.all()
+    np.testing.assert_array_equal(out.parent[0], kruskal(g, 0))
 
 
 def test_barabasi_albert_with_weights_1_or_2_converges():

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 import eqattn
+from benchmarks._graph_parts import exact
 from eqattn import graphs
 
 from ..checks import unchecked
@@ -101,16 +102,10 @@ def test_targets_with_zero_length_edges_and_ties():
 
 
 def _exact_model():
-    """The shortest-path DEQ at its exact parameters: its shift channels add the weight and its
-    scores read minus the first: Bellman-Ford, each node's temperature relative to its
-    distance (float32)."""
-    model = graphs.GraphDEQ(2, "shortest-paths", key=jax.random.key(0))
-    step = model.layer.step
-    return eqx.tree_at(
-        lambda m: (m.layer.step.shift, m.layer.step.query),
-        model,
-        (jnp.ones_like(step.shift), jnp.array([-1.0, 0.0])),
-    )
+    """The shortest-path DEQ at its exact parameters (the graphs suite's): its first shift
+    channel adds the weight and its scores read minus it: Bellman-Ford, each node's temperature
+    relative to its distance (float32)."""
+    return exact(graphs.GraphDEQ(2, "shortest-paths", key=jax.random.key(0)))
 
 
 def _share_right(out, g, algorithm):

@@ -137,6 +137,25 @@ def test_lists_cut_at_k_that_tie_are_not_resolved():
     assert resolved[:3].all() and not resolved[3 : n - 1].any() and resolved[n - 1]
 
 
+def test_more_records_keep_the_parameters():
+    """`with_records` carries the same weight map and temperature in a longer list: on the
+    falling path above, 3 records leave nodes unresolved, 8 none, the lists' first 3 the same."""
+    n = 8
+    i = np.arange(n - 1)
+    w = np.linspace(2.0, 1.0, n - 1)
+    senders, receivers = np.concatenate([i, i + 1]), np.concatenate([i + 1, i])
+    short = _layer(3)
+    longer = nn.ImplicitGraphAttention(short.step.with_records(8))
+    assert longer.step.records == 8 and eqx.tree_equal(
+        (short.step.log_scale, short.step.offset, short.step.log_beta),
+        (longer.step.log_scale, longer.step.offset, longer.step.log_beta),
+    )
+    a = _solve(short, senders, receivers, np.concatenate([w, w]), 0, n)
+    b = _solve(longer, senders, receivers, np.concatenate([w, w]), 0, n)
+    assert not np.asarray(a[4]).all() and np.asarray(b[4]).all()
+    np.testing.assert_allclose(np.asarray(b[0])[:, :3], np.asarray(a[0]), rtol=1e-12)
+
+
 @pytest.mark.bad_input
 def test_bad_input():
     with pytest.raises(ValueError, match="`units` must be an int >= 1"):
