@@ -7,14 +7,19 @@ import signal
 import sys
 
 
+def _interrupted_while_starting(signum, frame) -> None:
+    # exits at once: raising KeyboardInterrupt inside an extension module's import (numpy's,
+    # jaxlib's) surfaces as an ImportError with two tracebacks
+    print("eqattn: interrupted while starting", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
 def run() -> None:
     """`eqattn.cli.run`, once it is imported."""
     # Ctrl-C must reach this process even when it was started with SIGINT ignored, as a shell's
-    # background jobs are (the command sets the same handler again once it runs)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        from eqattn.cli import run as command
-    except KeyboardInterrupt:
-        print("eqattn: interrupted while starting", file=sys.stderr, flush=True)
-        os._exit(130)
+    # background jobs are
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from eqattn.cli import run as command
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the command sets its own after
     command()

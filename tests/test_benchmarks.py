@@ -165,11 +165,11 @@ def test_the_large_real_graphs_load_as_published():
 
     for name, nodes, edges in (("Minnesota roads", 2642, 3303), ("airfoil mesh", 4253, 12289)):
         g = _generators.large(name, 2, seed=0)
-        real = g.edges.receivers < nodes
-        assert g.edges.num_nodes == nodes and (real.sum(1) == 2 * edges).all(), name
+        real = g.graph.receivers < nodes
+        assert g.graph.num_nodes == nodes and (real.sum(1) == 2 * edges).all(), name
         w = g.weights[real]  # a few Minnesota crossings share their coordinates: length 0
         assert (w >= 0).all() and (w > 0).mean() > 0.99 and w.max() < np.sqrt(2), name
-        assert g.source[0] != g.source[1] or (g.edges.senders[0] != g.edges.senders[1]).any()
+        assert g.source[0] != g.source[1] or (g.graph.senders[0] != g.graph.senders[1]).any()
 
 
 def _check_spanning(payload):

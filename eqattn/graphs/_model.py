@@ -208,15 +208,18 @@ def _solve(model, inputs, budget) -> tuple[ParentScores, Array, Array]:
     return p.logits, p.steps, p.converged
 
 
-def solve_graphs(model, inputs, budget) -> tuple[ParentScores, np.ndarray, np.ndarray]:
+def solve_graphs(
+    model, inputs, budget, *, refine: bool = True
+) -> tuple[ParentScores, np.ndarray, np.ndarray]:
     """A batch's parent scores, each solve's steps and convergence (`inputs`: a batch of
     `Inputs`, a graph of `[B, E]` edges and the anchors `[B, n]`; numpy on the host). Where
     every solve converged but left a reached node unresolved and the model can carry more
-    (`GraphDEQ.refined`: a spanning tree's lists cut short), it solves again with more."""
+    (`GraphDEQ.refined`: a spanning tree's lists cut short), it solves again with more, unless
+    `refine` is False."""
     while True:
         scores, steps, converged = jax.device_get(_solve(model, inputs, budget))
         unresolved = np.any(np.asarray(scores.reached) & ~np.asarray(scores.resolved))
-        better = getattr(model, "refined", lambda: None)() if unresolved else None
+        better = getattr(model, "refined", lambda: None)() if unresolved and refine else None
         if better is None or not np.all(converged):
             return scores, steps, converged
         model = better

@@ -157,7 +157,7 @@ def _check_budget(budget) -> None:
         raise ConfigError(f"`budget` must be an integer >= 1 (solver steps); got {budget!r}")
 
 
-def predict(model, graph: Graph, source, *, budget=None) -> GraphPrediction:
+def predict(model, graph: Graph, source, *, budget=None, refine: bool = True) -> GraphPrediction:
     """Reachability and a parent for every node of each graph, from a model of `eqattn train
     --task graphs` ([`load_model`][eqattn.graphs.load_model]): a BFS parent, a parent on a
     shortest path, or the parent in the minimum spanning tree (under its tie rule), whichever
@@ -174,6 +174,9 @@ def predict(model, graph: Graph, source, *, budget=None) -> GraphPrediction:
     best candidates blend at the model's temperature, its state still moved when the solve
     stopped, or its best edges lead nowhere), never a parent the model did not decide; the
     parents form a forest rooted at the source ([`GraphPrediction`][eqattn.graphs.GraphPrediction]).
+    Where every solve converged but left nodes unresolved for want of capacity (a spanning
+    tree's lists of records cut short), it solves again with more (`GraphDEQ.refined`);
+    `refine=False` keeps the model's capacity as it is.
     Bad input is an [`eqattn.GraphError`][] naming the argument.
 
     **Example:**
@@ -204,17 +207,17 @@ def predict(model, graph: Graph, source, *, budget=None) -> GraphPrediction:
     g = WeightedGraphs(graph, np.asarray(source))
     check_weighted(g, algorithm.weighted)
     steps = budget_for(graph.num_nodes) if budget is None else int(budget)
-    return _solve(model, WeightedGraphs(graph, g.source.astype(np.int64)), steps)
+    return _solve(model, WeightedGraphs(graph, g.source.astype(np.int64)), steps, refine)
 
 
-def _solve(model, g: WeightedGraphs, budget: int) -> GraphPrediction:
+def _solve(model, g: WeightedGraphs, budget: int, refine: bool) -> GraphPrediction:
     """`predict` on checked input, padded to powers of two of graphs, nodes and edges."""
     count, edges = np.shape(g.graph.senders)
     n = g.graph.num_nodes
     rows = 1 << (count - 1).bit_length()  # graphs: a power of two, 1 for one
     padded, anchors = _pad(g, rows, bucket(n), bucket(edges))
     inputs = (padded, jnp.asarray(anchors))
-    scores, steps, converged = solve_graphs(model, inputs, jnp.asarray(budget))
+    scores, steps, converged = solve_graphs(model, inputs, jnp.asarray(budget), refine=refine)
     scores = jax.tree.map(lambda x: np.asarray(x)[:count], scores)
     converged = np.asarray(converged)[:count]
     one = Graph(

@@ -249,7 +249,7 @@ def test_info(capsys):
 
 def test_console_script_entry_point():
     scripts = importlib.metadata.entry_points(group="console_scripts", name="eqattn")
-    assert [ep.value for ep in scripts] == ["eqattn.cli:run"]
+    assert [ep.value for ep in scripts] == ["_eqattn_command:run"]
 
 
 def test_shift_images():

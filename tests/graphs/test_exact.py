@@ -123,7 +123,7 @@ def test_lists_longer_than_the_model_carries_are_solved_again_with_more(models):
     """A path whose weights fall away from the source holds every edge as a record: 199 of
     them, more than the 32 the model carries. The lists cut short tie; the prediction solves
     again with twice the records until none is cut (a graded mesh's paths are such), and every
-    parent is Kruskal's."""
+    parent is Kruskal's. With `refine=False` the cut lists stay unresolved (-1), none wrong."""
     n = 200
     pairs = [(i, i + 1) for i in range(n - 1)]
     g = graphs.from_edges(n, [pairs], [0], weights=[np.linspace(2.0, 1.0, n - 1)])
@@ -132,6 +132,10 @@ def test_lists_longer_than_the_model_carries_are_solved_again_with_more(models):
     out = graphs.predict(model, g.graph, g.source)
     assert out.converged.all()
     np.testing.assert_array_equal(out.parent[0], kruskal(g, 0))
+    kept = graphs.predict(model, g.graph, g.source, refine=False)
+    answered = kept.parent[0] >= 0
+    assert kept.converged.all() and 0 < (~answered).sum() < n
+    np.testing.assert_array_equal(kept.parent[0][answered], kruskal(g, 0)[answered])
 
 
 def test_barabasi_albert_with_weights_1_or_2_converges():
