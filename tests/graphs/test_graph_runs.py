@@ -49,7 +49,16 @@ def test_the_explicit_model_has_the_deqs_parameters_and_sees_only_its_depth(runs
     assert far[1] > 1000 and far[0] / far[1] < 0.1  # far beyond its 16 steps: lost
 
 
-def test_evaluate_reports_sizes_budgets_and_distances(runs, tmp_path, capsys):
+def test_evaluate_reports_sizes_budgets_and_distances(runs, tmp_path, capsys, monkeypatch):
+    """`eqattn evaluate` of the DEQ: per family and size, the sweep against the budget, by
+    hops (on three of the command's sizes, fewer graphs: the quick graphs suite and the guide's
+    transcript cover the rest)."""
+    from eqattn.graphs import _task
+
+    full, sizes = _task._Data.evaluate, {16: 8, 256: 4, 4096: 1}
+    monkeypatch.setattr(
+        _task._Data, "evaluate", lambda self, *a, **k: full(self, *a, **{**k, "sizes": sizes})
+    )
     out = tmp_path / "e.json"
     assert main(["evaluate", "--checkpoint", str(runs / "deq"), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
