@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     started = (git_commit(), tree_state(args.out, args.allow_dirty))
     dev = device_description()
     print(f"device: {dev['device_kind']} ({dev['platform']}, {dev['device_count']} device(s))")
+    took: dict[str, float] = {}
     for suite in args.suites or SUITES:
         print(f"\n== {suite} ==")
         t0 = time.perf_counter()
@@ -94,7 +95,19 @@ def main(argv: list[str] | None = None) -> None:
         written = write_results(
             args.out, name, rows, extra, allow_dirty=args.allow_dirty, started=started
         )
-        print(f"wrote {written} ({suite}: {time.perf_counter() - t0:.0f} s)")
+        took[suite] = time.perf_counter() - t0
+        print(f"wrote {written} ({suite}: {took[suite]:.0f} s)")
+    print(suite_times(took))
+
+
+def suite_times(took: dict[str, float]) -> str:
+    """Each suite's time, the slowest first, and the total: a slow suite is seen when it is
+    added (the quick run's budget is 180 s on a 2-core CPU)."""
+    width = max(map(len, took), default=5)
+    lines = [f"{s:<{width}} {t:6.1f} s" for s, t in sorted(took.items(), key=lambda x: -x[1])]
+    return "\n".join(
+        ["", "suite times:", *lines, f"{'total':<{width}} {sum(took.values()):6.1f} s"]
+    )
 
 
 if __name__ == "__main__":

@@ -149,8 +149,8 @@ def _independence(model, g, budget) -> tuple[float, float]:
     return min(agree), min(align)
 
 
-def dynamics(model, algorithm: str, sizes: dict[int, int]) -> list[dict]:
-    """Per family and size (up to 256 nodes): the share of valid parents at the budget rule and
+def dynamics(model, algorithm: str, sizes: dict[int, int], families) -> list[dict]:
+    """Per family of `families` and size (up to 256 nodes): the share of valid parents at the budget rule and
     at four times it with the stopping test off, solver steps against hops from the source
     (the depth), and path independence from random starts."""
     unstopped = eqx.tree_at(
@@ -162,7 +162,7 @@ def dynamics(model, algorithm: str, sizes: dict[int, int]) -> list[dict]:
     for n, count in sizes.items():
         if n > 256:
             continue
-        for family in graphs.WEIGHTED_FAMILIES:
+        for family in families:
             g = graphs.sample_weighted(family, n, count, seed=2000 + n)
             rule = graphs.budget_for(n)
             at_rule = graphs.predict(model, g.graph, g.source, budget=rule)

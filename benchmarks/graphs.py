@@ -35,8 +35,9 @@ training graphs' longest distance needs); both are then scored on every family a
 
 `--quick`: BFS's two models and the shortest paths' DEQ (`QUICK_RUNS`), seed 0, BFS one epoch of
 100 steps and shortest paths two of 200 (its initial orientation, wrong at seed 0, flips in the
-second), the evaluation, controls and dynamics at 16 and 64 nodes, two distributions on two families, two
-generators at 64 nodes and one real graph: it exercises the code only. With `REUSE` set to a
+second), the evaluation and controls on two graphs of each family at 64 nodes, the dynamics on
+two families, two distributions on two families, two generators at 64 nodes and one real graph:
+it exercises the code only. With `REUSE` set to a
 folder holding BFS's runs at the command's defaults (`deq/` and `explicit/`, as `eqattn train
 --out FOLDER` writes them), it reads those instead of training BFS (the tests share one).
 """
@@ -77,6 +78,11 @@ QUICK_RUNS = (
     ("deq", dict(algorithm="shortest-paths", epochs=2), False),
 )
 """`--quick`'s training runs (seed 0)."""
+QUICK_SIZES = {64: 2}
+"""`--quick`'s nodes and graphs per family (each family's graphs compile a program of their
+own: the quick suite is compile-bound)."""
+QUICK_DYNAMICS = ("path", "grid")
+"""`--quick`'s families of the dynamics."""
 
 
 def _runs(quick: bool) -> list[tuple[str, str, dict, int, bool]]:
@@ -144,12 +150,13 @@ def _run(case, model, settings, seed, reusable, out, quick, sizes) -> list[dict]
         weight_sizes = {64: 2} if quick else WEIGHT_SIZES
         table = _graph_parts.by_weights(loaded, algorithm, weight_sizes, quick)
         rows += [dict(part="weights", case=case, seed=seed, **r) for r in table]
-    dynamics = _graph_parts.dynamics(loaded, algorithm, sizes)
+    families = QUICK_DYNAMICS if quick else graphs.WEIGHTED_FAMILIES
+    dynamics = _graph_parts.dynamics(loaded, algorithm, sizes, families)
     return rows + [dict(part="dynamics", case=case, seed=seed, **d) for d in dynamics]
 
 
 def run(quick: bool = False) -> tuple[list[dict], dict]:
-    sizes = {16: 8, 64: 4} if quick else SIZES
+    sizes = QUICK_SIZES if quick else SIZES
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case, model, settings, seed, reusable in _runs(quick):

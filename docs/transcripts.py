@@ -141,9 +141,13 @@ def run(command: str, cwd: Path) -> list[str]:
     return done.stdout.splitlines()
 
 
-def check_page(page: Path, full: bool, write: bool) -> list[str]:
+def check_page(
+    page: Path, full: bool, write: bool, printed_by: dict[str, list[str]] | None = None
+) -> list[str]:
     """Run the page's transcripts (the quick ones, or all); the failures, one line each. With
-    `write`, the page gets what came out in place of the lines that differ."""
+    `write`, the page gets what came out in place of the lines that differ. `printed_by` holds
+    what commands printed when they were run already (a test suite running one once for several
+    checks): such a command is checked against it instead of being run again."""
     chosen = [t for t in transcripts(page) if full or not t.full]
     if not chosen:
         return []
@@ -154,7 +158,10 @@ def check_page(page: Path, full: bool, write: bool) -> list[str]:
             lines = []
             for command in t.commands:
                 t0 = time.perf_counter()
-                printed = run(command.line, Path(folder))
+                if printed_by and command.line in printed_by:
+                    printed = printed_by[command.line]
+                else:
+                    printed = run(command.line, Path(folder))
                 name = f"{page.relative_to(ROOT)}: `{command.line}`"
                 print(f"{name} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
                 checked = []
@@ -182,14 +189,14 @@ def check_page(page: Path, full: bool, write: bool) -> list[str]:
     return failures
 
 
-def main(argv=None) -> int:
+def main(argv=None, printed_by: dict[str, list[str]] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--full", action="store_true", help="every transcript, the slow ones too")
     p.add_argument("--write", action="store_true", help="write what came out into the pages")
     args = p.parse_args(argv)
     failures = []
     for page in PAGES:
-        failures += check_page(page, args.full, args.write)
+        failures += check_page(page, args.full, args.write, printed_by)
     for failure in failures:
         print(failure, file=sys.stderr)
     if failures and args.write:

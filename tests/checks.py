@@ -31,3 +31,17 @@ def run(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def transcripts():
+    """`docs/transcripts.py`, the transcripts' checker, as a module."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "docs" / "transcripts.py"
+    spec = importlib.util.spec_from_file_location("transcripts", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

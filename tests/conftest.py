@@ -109,25 +109,28 @@ def _every_prediction_is_a_forest(monkeypatch):
 
 @pytest.fixture(scope="session")
 def graph_runs(tmp_path_factory):
-    """The graph task's DEQ and explicit twin at the command's defaults (the README's first
-    run), trained once for the whole test run, every worker sharing them: the folder whose
-    `runs/graphs/deq` and `runs/graphs/explicit` hold them (the guide's Python block, the graph
-    runs' tests and the quick graphs benchmark read them)."""
+    """The README's first run, `eqattn train` (the graph task's DEQ and explicit twin at the
+    command's defaults), run once for the whole test run as a user runs it (a fresh process,
+    XLA's own settings), every worker sharing it: the folder whose `runs/graphs/deq` and
+    `runs/graphs/explicit` hold the runs (the guide's Python block, the graph runs' tests and
+    the quick graphs benchmark read them) and `printed.txt` what the command printed (the
+    README's transcript is checked against it)."""
+    from .checks import transcripts
+
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     folder = root / "shared-graph-runs"
     with open(root / "shared-graph-runs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if not (folder / "done").exists():
-                from eqattn.cli import main
-
-                with jax.enable_x64(False):
-                    for model in ("deq", "explicit"):
-                        out = folder / "runs" / "graphs" / model
-                        argv = ["train", "--task", "graphs", "--model", model, "--no-progress"]
-                        assert main([*argv, "--out", str(out)]) == 0
-                (folder / "done").touch()
+            if not (folder / "printed.txt").exists():
+                folder.mkdir(exist_ok=True)
+                printed = transcripts().run(README_RUN, folder)
+                (folder / "printed.txt").write_text("\n".join(printed) + "\n")
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return folder
+
+
+README_RUN = "eqattn train"
+"""The README's first run (its transcript's command)."""

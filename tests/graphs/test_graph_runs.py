@@ -37,12 +37,26 @@ def test_the_deq_answers_on_larger_graphs_as_bfs_does(runs):
         assert (out.steps >= distance.max(-1)).all()  # a step per edge to the farthest node
 
 
-def test_the_explicit_model_has_the_deqs_parameters_and_sees_only_its_depth(runs, tmp_path):
+def _evaluate_on(sizes, monkeypatch):
+    """`eqattn evaluate` scores only `sizes` (nodes: graphs per family), fewer than the
+    command's: the quick graphs suite and the guide's transcript cover the rest."""
+    from eqattn.graphs import _task
+
+    full = _task._Data.evaluate
+    monkeypatch.setattr(
+        _task._Data, "evaluate", lambda self, *a, **k: full(self, *a, **{**k, "sizes": sizes})
+    )
+
+
+def test_the_explicit_model_has_the_deqs_parameters_and_sees_only_its_depth(
+    runs, tmp_path, monkeypatch
+):
     deq, explicit = (
         json.loads((runs / m / "metrics.json").read_text()) for m in ("deq", "explicit")
     )
     assert abs(explicit["params"] - deq["params"]) <= 0.05 * deq["params"]
     assert explicit["model_shape"]["depth"] == 16  # the training graphs' longest distance + 1
+    _evaluate_on({256: 4}, monkeypatch)
     out = tmp_path / "e.json"
     assert main(["evaluate", "--checkpoint", str(runs / "explicit"), "--json", str(out)]) == 0
     far = json.loads(out.read_text())["by_distance"]["65-256"]
@@ -51,14 +65,8 @@ def test_the_explicit_model_has_the_deqs_parameters_and_sees_only_its_depth(runs
 
 def test_evaluate_reports_sizes_budgets_and_distances(runs, tmp_path, capsys, monkeypatch):
     """`eqattn evaluate` of the DEQ: per family and size, the sweep against the budget, by
-    hops (on three of the command's sizes, fewer graphs: the quick graphs suite and the guide's
-    transcript cover the rest)."""
-    from eqattn.graphs import _task
-
-    full, sizes = _task._Data.evaluate, {16: 8, 256: 4, 4096: 1}
-    monkeypatch.setattr(
-        _task._Data, "evaluate", lambda self, *a, **k: full(self, *a, **{**k, "sizes": sizes})
-    )
+    hops (on three of the command's sizes)."""
+    _evaluate_on({16: 8, 256: 4, 4096: 1}, monkeypatch)
     out = tmp_path / "e.json"
     assert main(["evaluate", "--checkpoint", str(runs / "deq"), "--json", str(out)]) == 0
     printed = capsys.readouterr().out

@@ -235,6 +235,9 @@ def _host_loop(model, prompts, tokens, key, temperature):
     `nn.prefill` / `nn.extend` and the same key splits, the window sliding at `max_len`."""
     context = model.embedding.max_len
     history = [list(text.encode(p, context)[0]) for p in prompts]
+    # each call compiled on its own (the host loop's calls, not one program of the loop)
+    fill = eqx.filter_jit(lambda m, t, n: jax.vmap(lambda t, n: eqattn.nn.prefill(m, t, n))(t, n))
+    extend = eqx.filter_jit(lambda m, t, c: jax.vmap(lambda t, c: eqattn.nn.extend(m, t, c))(t, c))
 
     def draw(logits, key):
         key, subkey = jax.random.split(key)
@@ -245,7 +248,7 @@ def _host_loop(model, prompts, tokens, key, temperature):
         for t, r in zip(tokens, rows):
             t[: len(r)] = r
         lengths = jnp.array([len(r) for r in rows])
-        logits, cache, _ = jax.vmap(lambda t, n: eqattn.nn.prefill(model, t, n))(tokens, lengths)
+        logits, cache, _ = fill(model, tokens, lengths)
         return (*draw(jax.vmap(lambda x, n: x[n - 1])(logits, lengths), key), cache)
 
     new, key, cache = prefill(history, key)
@@ -261,7 +264,7 @@ def _host_loop(model, prompts, tokens, key, temperature):
             new, key, cache = prefill(kept, key)
             filled = max(map(len, kept))
         else:
-            logits, cache, _ = jax.vmap(lambda t, c: eqattn.nn.extend(model, t, c))(new, cache)
+            logits, cache, _ = extend(model, new, cache)
             new, key = draw(logits, key)
             filled += 1
     return [bytes(r) for r in out]
