@@ -1,14 +1,12 @@
-"""`python -m benchmarks [SUITE ...] [--quick] [--short] [--out DIR]`: run suites, print, write
-JSON. `python -m benchmarks compile ...` compiles for accelerators with no device (see
-`benchmarks.compile`); `python -m benchmarks gpu ...` is the one command for a lent GPU (see
-`benchmarks.gpu`)."""
+"""`python -m benchmarks [SUITE ...] [--quick [--jobs N]] [--short] [--out DIR]`: run suites,
+print, write JSON (`--quick`: side by side, see `benchmarks._side_by_side`). `python -m
+benchmarks compile ...` compiles for accelerators with no device (see `benchmarks.compile`);
+`python -m benchmarks gpu ...` is the one command for a lent GPU (see `benchmarks.gpu`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +16,8 @@ from ._xla_flags import use_quickest
 if "--quick" in sys.argv:  # before JAX starts: quick runs exercise the code, nothing is timed
     use_quickest()
 
-from ._harness import device_description, git_commit, tree_state, write_results  # noqa: E402
+from . import _side_by_side  # noqa: E402
+from ._harness import device_description, git_commit, tree_state  # noqa: E402
 
 SUITES = (
     "core",
@@ -70,44 +69,58 @@ def main(argv: list[str] | None = None) -> None:
         help="folder for the JSON results (default: benchmarks/results)",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --quick, suites run side by side, N processes at a time (default: the CPU's "
+        "cores); the full suites run one at a time",
+    )
+    parser.add_argument(
         "--allow-dirty",
         action="store_true",
         help="write into benchmarks/results from a tree with uncommitted changes to eqattn/ or "
         "benchmarks/ (refused otherwise; the results file records them)",
     )
     args = parser.parse_args(argv)
+    if args.jobs is not None and (args.jobs < 1 or (args.jobs > 1 and not args.quick)):
+        parser.error(
+            f"--jobs must be 1, or more with --quick (timed suites run alone); got {args.jobs}"
+        )
     # refused before anything runs; the files record the tree that ran, not one edited since
     started = (git_commit(), tree_state(args.out, args.allow_dirty))
     dev = device_description()
     print(f"device: {dev['device_kind']} ({dev['platform']}, {dev['device_count']} device(s))")
-    took: dict[str, float] = {}
-    for suite in args.suites or SUITES:
-        print(f"\n== {suite} ==")
-        t0 = time.perf_counter()
-        module = importlib.import_module(f"benchmarks.{suite}")
-        options = {"quick": args.quick}
-        if args.short and "short" in inspect.signature(module.run).parameters:
-            options["short"] = True
-        rows, extra = module.run(**options)
-        if args.quick:  # what the code was compiled with
-            extra = {**extra, "xla_flags": os.environ.get("XLA_FLAGS", "")}
-        name = f"{suite}-quick" if args.quick else f"{suite}-short" if "short" in options else suite
-        written = write_results(
-            args.out, name, rows, extra, allow_dirty=args.allow_dirty, started=started
-        )
-        took[suite] = time.perf_counter() - t0
-        print(f"wrote {written} ({suite}: {took[suite]:.0f} s)")
-    print(suite_times(took))
+    suites = args.suites or list(SUITES)
+    jobs = min(args.jobs or (_side_by_side.default_jobs() if args.quick else 1), len(suites))
+    options = dict(
+        quick=args.quick, short=args.short, out=args.out, allow_dirty=args.allow_dirty,
+        started=started,
+    )  # fmt: skip
+    if jobs == 1:
+        print(suite_times({s: _side_by_side.run_suite(s, **options) for s in suites}))
+        return
+    t0 = time.perf_counter()
+    took, failed = _side_by_side.side_by_side(suites, jobs, **options)
+    print(suite_times(took, wall=(time.perf_counter() - t0, jobs)))
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)} (their output above)")
 
 
-def suite_times(took: dict[str, float]) -> str:
+def suite_times(took: dict[str, float], wall: tuple[float, int] | None = None) -> str:
     """Each suite's time, the slowest first, and the total: a slow suite is seen when it is
-    added (the quick run's budget is 180 s on a 2-core CPU)."""
-    width = max(map(len, took), default=5)
+    added (the quick run's budget is 180 s on a 2-core CPU). `wall`: (the run's time, the
+    processes it ran side by side), for suites run so: the total is the run's time, and the
+    suites' sum is said beside it."""
+    width = max([*map(len, took), len("total")])
     lines = [f"{s:<{width}} {t:6.1f} s" for s, t in sorted(took.items(), key=lambda x: -x[1])]
-    return "\n".join(
-        ["", "suite times:", *lines, f"{'total':<{width}} {sum(took.values()):6.1f} s"]
-    )
+    total = f"{'total':<{width}} {sum(took.values()):6.1f} s"
+    if wall is not None:
+        total = (
+            f"{'total':<{width}} {wall[0]:6.1f} s ({wall[1]} processes side by side; "
+            f"the suites' sum {sum(took.values()):.1f} s)"
+        )
+    return "\n".join(["", "suite times:", *lines, total])
 
 
 if __name__ == "__main__":

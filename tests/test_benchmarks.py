@@ -227,9 +227,54 @@ CHECKS = {
 }
 
 
-# The slowest suites first, so that they start first on the test workers.
+# The slowest suites first, so that they start first on the test workers; the two quickest run
+# side by side in `test_quick_suites_run_side_by_side`.
 _SLOW_FIRST = ("deq", "training", "layers", "core", "ring", "scaling", "memory", "kernel")
-_ORDER = sorted(SUITES, key=lambda s: _SLOW_FIRST.index(s) if s in _SLOW_FIRST else len(SUITES))
+_TOGETHER = ("causal", "closure")
+_ORDER = sorted(
+    (s for s in SUITES if s not in _TOGETHER),
+    key=lambda s: _SLOW_FIRST.index(s) if s in _SLOW_FIRST else len(SUITES),
+)
+
+
+def _quick_environment() -> dict[str, str]:
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"}
+
+
+def _benchmarks(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env or _quick_environment(),
+    )
+
+
+def test_quick_suites_run_side_by_side(tmp_path):
+    """`--quick` with several suites runs them in a process per core (here `--jobs 2`): each
+    suite's output whole, its results file, its time and the run's wall time at the end; a suite
+    that fails is named, and the run exits 1 after the others ended."""
+    result = _benchmarks(*_TOGETHER, "--quick", "--jobs", "2", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for suite in _TOGETHER:
+        assert out.count(f"\n== {suite} ==\n") == 1
+        (path,) = tmp_path.glob(f"{suite}-quick-*.json")
+        CHECKS.get(suite, lambda _: None)(json.loads(path.read_text()))
+    times = re.search(r"\nsuite times:\n(?:\w+ +[\d.]+ s\n){2}total +([\d.]+) s \(2 processes", out)
+    assert times, out[-500:]
+    # a table is printed whole, with its suite (not interleaved with the other's lines)
+    block = out.split("\n== causal ==\n")[1].split("\n== ")[0]
+    assert "eqattn causal" in block and "wrote " in block
+    # a results folder that cannot be written: both suites fail, each named
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    failed = _benchmarks(*_TOGETHER, "--quick", "--out", str(blocked))
+    assert failed.returncode == 1 and "failed: " in failed.stderr
+    assert set(failed.stderr.split("failed: ")[1].split(" (")[0].split(", ")) == set(_TOGETHER)
+    assert _benchmarks("core", "--jobs", "2").returncode == 2  # timed suites run alone
 
 
 @pytest.mark.slow
@@ -239,8 +284,7 @@ def test_quick_benchmark_runs(suite, tmp_path, capsys, request):
     # suite's fast-compile flag applies too).
     # The suites of the GPU command run through its dry run (so the command cannot rot while no
     # GPU is lent); the others directly. The graphs suite reads the suite's shared BFS runs.
-    flags = f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"
-    env = {**os.environ, "XLA_FLAGS": flags}
+    env = _quick_environment()
     if suite == "graphs":
         from benchmarks.graphs import REUSE
 
@@ -249,14 +293,7 @@ def test_quick_benchmark_runs(suite, tmp_path, capsys, request):
         command = ["benchmarks", "gpu", "--dry-run", "--step", suite]
     else:
         command = ["benchmarks", suite, "--quick"]
-    result = subprocess.run(
-        [sys.executable, "-m", *command, "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    result = _benchmarks(*command[1:], "--out", str(tmp_path), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     if command[1] != "gpu":  # the suite's time, at the end
         assert re.search(rf"\nsuite times:\n{suite} +[\d.]+ s\ntotal ", result.stdout)
