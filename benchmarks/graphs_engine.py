@@ -6,8 +6,10 @@
    dense masked `eqattn.attention` (while an n x n mask fits: n <= 4096), on Delaunay
    triangulations of random points (mean degree 6) and on graphs where every node hears 16
    random senders; n = 1024, 4096, 16384 and 100,000, d = 64, float32. Every node's query,
-   key and value are `[n, d]`; the edges gather the senders' keys and values. Per case: the
-   median time and the compiled program's temporaries; and `graph_attention`'s own
+   key and value are `[n, d]`; the edges gather the senders' keys and values. Per case, over
+   three runs of five rounds each (the cases round-robin, in alternating order): the median
+   time, the median of the runs' ratios to eqattn's with their range, and the compiled
+   program's temporaries; and `graph_attention`'s own
    forward+backward compiled with its inputs per edge (as its callers give them): its
    temporaries against those inputs' size.
 2. `eqattn.soft_shortest_paths` on Delaunay graphs of 10,000 and 100,000 nodes with
@@ -18,11 +20,12 @@
    algorithm's floor), and the solver's steps with Picard and with Anderson (none: not
    converged within 10x the longest shortest path's edges).
 
-`--quick`: n = 256 and 1024, shortest paths on 500 nodes, 2 repeats.
+`--quick`: n = 256 and 1024, shortest paths on 500 nodes, one run of 2 rounds.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import jax
@@ -89,7 +92,10 @@ def _with_grad(fn):
     return run
 
 
-def _attention_rows(graph: str, n: int, senders, receivers, repeats: int) -> list[dict]:
+def _attention_rows(graph: str, n: int, senders, receivers, repeats: int, runs: int) -> list[dict]:
+    """Each case's median time over `runs` runs of `repeats` rounds (round-robin, see
+    `time_interleaved`), and its ratio to eqattn's: the median over the runs of each run's
+    ratio, with every run's kept (`ms_runs`, `of_eqattn_runs`)."""
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.standard_normal((n, D)), jnp.float32) for _ in range(3))
     edges = (jnp.asarray(senders), jnp.asarray(receivers))
@@ -105,12 +111,14 @@ def _attention_rows(graph: str, n: int, senders, receivers, repeats: int) -> lis
         cases[("dense", "forward")] = (_dense, q, k, v, mask)
     for (impl, _), (fn, *args) in list(cases.items()):
         cases[(impl, "forward+backward")] = (_with_grad(fn), *args)
-    timings = time_interleaved({f"{i} {m}": c for (i, m), c in cases.items()}, repeats=repeats)
+    named = {f"{i} {m}": c for (i, m), c in cases.items()}
+    runs = [time_interleaved(named, repeats=repeats) for _ in range(runs)]
     inputs = 3 * n * D * 4 + 2 * len(senders) * 4
     rows = [_memory_row(graph, n, len(senders))]
     for impl, mode in cases:
-        t = timings[f"{impl} {mode}"]
-        base = timings[f"eqattn {mode}"]["median_s"]
+        ms = [1e3 * t[f"{impl} {mode}"]["median_s"] for t in runs]
+        ratios = [t[f"{impl} {mode}"]["median_s"] / t[f"eqattn {mode}"]["median_s"] for t in runs]
+        temp = runs[0][f"{impl} {mode}"]["temp_bytes"]
         rows.append(
             dict(
                 part="attention",
@@ -119,9 +127,11 @@ def _attention_rows(graph: str, n: int, senders, receivers, repeats: int) -> lis
                 edges=len(senders),
                 impl=impl,
                 mode=mode,
-                ms=1e3 * t["median_s"],
-                of_eqattn=t["median_s"] / base,
-                temp_mb=None if t["temp_bytes"] is None else t["temp_bytes"] / MB,
+                ms=statistics.median(ms),
+                ms_runs=ms,
+                of_eqattn=statistics.median(ratios),
+                of_eqattn_runs=ratios,
+                temp_mb=None if temp is None else temp / MB,
                 inputs_mb=inputs / MB,
             )
         )
@@ -221,12 +231,16 @@ def _shortest_rows(n: int, repeats: int) -> list[dict]:
     ]
 
 
+RUNS = 3
+"""Timing runs per graph (the verdicts quote the median and the range)."""
+
+
 def run(quick: bool = False) -> tuple[list[dict], dict]:
-    repeats = 2 if quick else 5
+    repeats, runs = (2, 1) if quick else (5, RUNS)
     rows = []
     for n in (256, 1024) if quick else (1024, 4096, 16384, 100_000):
-        rows += _attention_rows("delaunay", n, *delaunay(n)[:2], repeats)
-        rows += _attention_rows("degree 16", n, *in_degree(n, 16), repeats)
+        rows += _attention_rows("delaunay", n, *delaunay(n)[:2], repeats, runs)
+        rows += _attention_rows("degree 16", n, *in_degree(n, 16), repeats, runs)
     for n in (500,) if quick else (10_000, 100_000):
         t0 = time.perf_counter()
         rows += _shortest_rows(n, repeats)
@@ -249,14 +263,14 @@ def _print(rows) -> None:
     )
     print()
     print_table(
-        [r for r in rows if r["part"] == "attention"],
+        [dict(r, range=_ratio_cell(r)) for r in rows if r["part"] == "attention"],
         [
             ("graph", "graph", "s"),
             ("n", "n", "d"),
             ("impl", "impl", "s"),
             ("mode", "mode", "s"),
             ("ms", "ms", ".3g"),
-            ("of_eqattn", "x eqattn", ".2f"),
+            ("range", "x eqattn (runs' range)", "s"),
             ("temp_mb", "temp MB", ".1f"),
             ("inputs_mb", "inputs MB", ".1f"),
         ],
@@ -278,17 +292,27 @@ def _print(rows) -> None:
     )
 
 
+def _ratio_cell(row) -> str:
+    """The median ratio to eqattn's, with the range over the runs where there were several
+    (results before the runs were kept have one)."""
+    runs = row.get("of_eqattn_runs", [row["of_eqattn"]])
+    if len(runs) == 1 or row["impl"] == "eqattn":
+        return f"{row['of_eqattn']:.2f}"
+    return f"{row['of_eqattn']:.2f} ({min(runs):.2f}-{max(runs):.2f})"
+
+
 def table(payload) -> str:
     """The graphs_engine results file as Markdown: each case's time and its ratio to eqattn's
     (attention), to scipy's Dijkstra (shortest paths)."""
     attention = [r for r in payload["rows"] if r["part"] == "attention"]
     shortest = [r for r in payload["rows"] if r["part"] == "shortest"]
     first = markdown_table(
-        ["graph", "n", "edges", "implementation", "mode", "ms", "x eqattn", "temp MB", "inputs MB"],
+        ["graph", "n", "edges", "implementation", "mode", "ms", "x eqattn (runs' range)",
+         "temp MB", "inputs MB"],
         [
             [
                 r["graph"], r["n"], r["edges"], r["impl"], r["mode"], f"{r['ms']:.3g}",
-                f"{r['of_eqattn']:.2f}", "" if r["temp_mb"] is None else f"{r['temp_mb']:.1f}",
+                _ratio_cell(r), "" if r["temp_mb"] is None else f"{r['temp_mb']:.1f}",
                 f"{r['inputs_mb']:.1f}",
             ]
             for r in attention
