@@ -1,7 +1,7 @@
 """`graphs_engine`: attention over edge lists, and soft shortest paths, against their baselines.
 
-1. `eqattn.graph_attention` forward and forward+backward (the gradient of a weighted sum of the
-   output in the queries, keys and values) against the same maths written with jraph
+1. `eqattn.graph_attention` forward and forward+backward (a weighted sum of the output and its
+   gradient in the queries, keys and values) against the same maths written with jraph
    (`jraph.segment_softmax` then `jraph.segment_sum`, when jraph is installed) and against
    dense masked `eqattn.attention` (while an n x n mask fits: n <= 4096), on Delaunay
    triangulations of random points (mean degree 6) and on graphs where every node hears 16
@@ -81,13 +81,17 @@ def _dense(q, k, v, mask):
 
 
 def _with_grad(fn):
-    """`fn`'s forward+backward: the gradient of a fixed weighted sum of its output."""
+    """`fn`'s forward+backward: a fixed weighted sum of its output and its gradient, as a
+    training step computes them. (The gradient alone of a sum linear in the output lets
+    autodiff skip computing the output, which no caller does: jraph's program then left out its
+    segment sum of the values, and eqattn's backward reads the output.)"""
 
     def run(q, k, v, *rest):
         weights = jnp.cos(jnp.arange(q.shape[0] * v.shape[1], dtype=q.dtype)).reshape(
             -1, v.shape[1]
         )
-        return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, *rest) * weights), (0, 1, 2))(q, k, v)
+        loss = lambda q, k, v: jnp.sum(fn(q, k, v, *rest) * weights)  # noqa: E731
+        return jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
 
     return run
 
