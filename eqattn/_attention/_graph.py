@@ -101,7 +101,7 @@ def _core_bwd(residuals, cotangents):
     ds = p * (jnp.sum(g * v.astype(dtype), axis=-1) - delta[rc] + g_lse[rc])  # [E]
     # 0 on a padding edge (p is already): said as a select, it also keeps XLA's CPU fusion
     # (jaxlib 0.10) from ending the row reduction with `ds` broadcast to [E, d], written out and
-    # read back by both products below (the Benchmarks page's graph engine notes)
+    # read back by both products below (the findings page: graph attention against jraph)
     ds = jnp.where((r >= 0) & (r < n), ds, 0.0)
     scaled = (b * ds)[:, None]
     dq = jax.ops.segment_sum(scaled * k.astype(dtype), rc, num_segments=n)
