@@ -26,6 +26,7 @@ from ._checks import (
     check_chunk_size as check_chunk_size,
     check_implementation as check_implementation,
 )
+from ._decode import attention_over_cache as attention_over_cache
 from ._graph import (
     check_graph_shapes as check_graph_shapes,
     segment_attention as segment_attention,

@@ -19,6 +19,10 @@ from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as 
 from ._implicit import ImplicitAttention as ImplicitAttention
 from ._layer import AbstractEquilibriumLayer as AbstractEquilibriumLayer
 from ._model import AbstractTransformer as AbstractTransformer, Prediction as Prediction
-from ._multihead import KeyValues as KeyValues, MultiHeadAttention as MultiHeadAttention
+from ._multihead import (
+    BlockCache as BlockCache,
+    KeyValues as KeyValues,
+    MultiHeadAttention as MultiHeadAttention,
+)
 from ._readout import ReadOut as ReadOut
 from ._transformer import Transformer as Transformer, TransformerBlock as TransformerBlock

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from ._multihead import KeyValues, MultiHeadAttention
+from ._multihead import BlockCache, KeyValues, MultiHeadAttention
 from ._norm import apply_norm
 from ._tokens import per_token
 
@@ -43,7 +43,7 @@ class AbstractBlock(eqx.Module):
         injection: Float[Array, "n dim"] | None = None,
         mask: Bool[ArrayLike, "#queries #keys"] | None = None,
         drop: DropoutMasks | None = None,
-        prefix: KeyValues | None = None,
+        prefix: KeyValues | BlockCache | None = None,
         *,
         attend: Float[Array, "n dim"] | None = None,
     ) -> Float[Array, "n dim"]:
@@ -51,10 +51,20 @@ class AbstractBlock(eqx.Module):
         `key_values` (the block's method) of earlier tokens' states, is
         attended to in front of `z`'s own tokens; `attend`, added to the attention's input
         (the implicit block's injection when it attends to its input)."""
-        rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
-        drop_attn, drop_mlp = (None, None) if drop is None else drop
         a_in = self._attention_input(z, attend)
         a = self.attention(a_in, a_in, mask=mask, prefix=prefix)
+        return self._after_attention(z, a, injection, drop)
+
+    def over_cache(self, z: Float[Array, "n dim"], cache: BlockCache) -> Float[Array, "n dim"]:
+        """The block's map (no injection, no dropout) on new tokens `z` whose keys and values
+        (`key_values(z)`) `cache` already holds: its attention reads `cache` alone."""
+        a_in = self._attention_input(z)
+        return self._after_attention(z, self.attention.over_cache(a_in, cache))
+
+    def _after_attention(self, z, a, injection=None, drop=None):
+        """The residual, the MLP and the renormalizations after the attention's output `a`."""
+        rn = lambda u: apply_norm(self.norm, u)  # noqa: E731
+        drop_attn, drop_mlp = (None, None) if drop is None else drop
         a = a if drop_attn is None else a * drop_attn
         u = z + a if injection is None else z + a + injection
         u = u if self.norm_first else rn(u)

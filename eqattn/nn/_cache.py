@@ -9,13 +9,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ._multihead import KeyValues
+from ._multihead import BlockCache, KeyValues
 
 
 class GenerationCache(eqx.Module):
-    """What `extend` needs of the tokens so far: the keys and values per block
-    (`[blocks, heads, max_len, d]`; the implicit model's stem's blocks, then its cell's), how
-    many tokens they hold, and the last token's fixed point (the implicit model's warm start).
+    """What `extend` needs of the tokens so far: the keys `[blocks, heads, dk, max_len]` and
+    values `[blocks, heads, dv, max_len]` of every block (the implicit model's stem's blocks,
+    then its cell's), positions last (one [`eqattn.nn.BlockCache`][] per block); how many tokens
+    they hold (`length`; the positions after them hold zeros); and the last token's fixed point
+    (the implicit model's warm start).
 
     **Example:**
 
@@ -26,12 +28,13 @@ class GenerationCache(eqx.Module):
         7, 8, 2, 3, key=jax.random.key(0), vocab_size=7, max_len=10, pooling="none", causal=True
     )
     _, cache, _ = eqx.filter_jit(eqattn.nn.prefill)(model, jnp.array([1, 2, 3]))
-    assert cache.keys.shape == (3, 2, 10, 4) and int(cache.length) == 3  # 3 blocks, 2 heads
+    assert cache.keys.shape == (3, 2, 4, 10)  # 3 blocks, 2 heads, 4 features, 10 positions
+    assert int(cache.length) == 3 and not cache.keys[..., 3:].any()
     ```
     """
 
-    keys: Float[Array, "blocks heads max_len dk"]
-    values: Float[Array, "blocks heads max_len dv"]
+    keys: Float[Array, "blocks heads dk max_len"]
+    values: Float[Array, "blocks heads dv max_len"]
     length: Int[Array, ""]
     state: Float[Array, " dim"]
 
@@ -63,45 +66,54 @@ class Step(eqx.Module):
         return cls(jnp.array(0), jnp.array(0.0, dtype), jnp.array(True))
 
 
-def run_cached(blocks, h, kvs: list[KeyValues], mask=None, keys=None, values=None):
-    """Explicit `blocks` on `h` (against the cached `keys` and `values` of earlier tokens, if
-    given), appending each block's keys and values of `h`'s tokens to `kvs`."""
-    for i, block in enumerate(blocks):
+def run_cached(blocks, h, kvs: list[KeyValues]):
+    """Explicit `blocks` on `h`, appending each block's keys and values of `h`'s tokens to
+    `kvs`."""
+    for block in blocks:
         kvs.append(block.key_values(h))
-        prefix = None if keys is None else KeyValues(keys[i], values[i])
-        h = block(h, mask=mask, prefix=prefix, inference=True)
+        h = block(h, inference=True)
     return h
 
 
-def new_cache(kvs: list[KeyValues], size: int, length, z) -> GenerationCache:
-    """The cache of `length` tokens from their blocks' `kvs` (padded to `size` positions) and
-    their states `z` (the last real one kept as the warm start)."""
+def run_over_cache(blocks, h: Float[Array, "1 dim"], cache: GenerationCache):
+    """Explicit `blocks` (the cache's first ones) on the new token `h` at position
+    `cache.length`: each block's keys and values of its input are written into the cache, then
+    its attention reads the cache up to and including them. Returns `(h, keys, values)`.
 
-    def padded(x):
-        return jnp.pad(x, ((0, 0), (0, size - x.shape[1]), (0, 0)))
+    Written before it is read, the cache is updated in place: written after the last block's
+    read, which the write does not depend on, it was copied whole every token."""
+    keys, values, at = cache.keys, cache.values, cache.length
+    for i, block in enumerate(blocks):
+        keys, values = write_rows(keys, values, [block.key_values(h)], at, i)
+        h = block.over_cache(h, BlockCache(keys[i], values[i], at + 1))
+    return h, keys, values
+
+
+def new_cache(kvs: list[KeyValues], size: int, length, z) -> GenerationCache:
+    """The cache of `length` tokens from their blocks' `kvs` (positions last, zeros after
+    the first `length`, `size` in all) and their states `z` (the last real one kept as the warm
+    start)."""
+    in_use = jnp.arange(kvs[0].positions) < length
+
+    def slot(x):  # [heads, m, d] -> [heads, d, size]
+        x = jnp.where(in_use[:, None], x, 0)
+        return jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (0, size - x.shape[1])))
 
     return GenerationCache(
-        jnp.stack([padded(kv.keys) for kv in kvs]),
-        jnp.stack([padded(kv.values) for kv in kvs]),
+        jnp.stack([slot(kv.keys) for kv in kvs]),
+        jnp.stack([slot(kv.values) for kv in kvs]),
         jnp.asarray(length, jnp.int32),
         z[jnp.maximum(length - 1, 0)],
     )
 
 
-def seen(cache: GenerationCache) -> Bool[Array, "1 max_len_plus_1"]:
-    """The mask of a new token over the cache's positions and itself."""
-    size = cache.keys.shape[2]
-    return jnp.concatenate([jnp.arange(size) < cache.length, jnp.ones(1, bool)])[None]
+def write_rows(keys, values, kvs: list[KeyValues], at, first: int = 0):
+    """The cache's `keys` and `values` with one token's rows, `kvs` (one `KeyValues`
+    `[heads, 1, d]` per block from block `first` on), at position `at`."""
 
+    def put(slots, new):
+        new = jnp.stack([jnp.swapaxes(x, 1, 2) for x in new]).astype(slots.dtype)
+        start = (jnp.int32(first), jnp.int32(0), jnp.int32(0), jnp.asarray(at, jnp.int32))
+        return jax.lax.dynamic_update_slice(slots, new, start)
 
-def write(cache: GenerationCache, kvs: list[KeyValues], state) -> GenerationCache:
-    """The cache with one more token: its blocks' `kvs` at position `length`, and its state."""
-    at = cache.length
-    keys = jnp.stack([kv.keys for kv in kvs]).astype(cache.keys.dtype)
-    values = jnp.stack([kv.values for kv in kvs]).astype(cache.values.dtype)
-    return GenerationCache(
-        jax.lax.dynamic_update_slice_in_dim(cache.keys, keys, at, 2),
-        jax.lax.dynamic_update_slice_in_dim(cache.values, values, at, 2),
-        cache.length + 1,
-        state,
-    )
+    return put(keys, [kv.keys for kv in kvs]), put(values, [kv.values for kv in kvs])

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._solve import Equilibrium
-from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
+from ._cache import GenerationCache, Step, new_cache, run_cached, run_over_cache, write_rows
 from ._deq_block import DEQBlock
 from ._embedding import TokenEmbedding
 from ._model import AbstractTransformer, Prediction
-from ._multihead import KeyValues
+from ._multihead import BlockCache, KeyValues
 from ._readout import Pooling, ReadOut, token_io
 from ._transformer import TransformerBlock, run_blocks, stack
 
@@ -158,17 +158,17 @@ class DEQTransformer(AbstractTransformer):
     def extend(self, token, cache: GenerationCache, *, warm_start=True, budget=None):
         """The stem's blocks against their cache, then the new token's row of the implicit
         block solved against the cached fixed points."""
-        mask, s = seen(cache), len(self.stem)
-        kvs: list[KeyValues] = []
-        h = run_cached(self.stem, self._next(token, cache), kvs, mask, *_first(cache, s))
-        prefix = tuple(KeyValues(k, v) for k, v in zip(cache.keys[s:], cache.values[s:]))
+        s = len(self.stem)
+        h, keys, values = run_over_cache(self.stem, self._next(token, cache), cache)
+        # the cell's blocks read the stem's updated arrays (reading `cache`'s would copy them)
+        prefix = tuple(BlockCache(k, v, cache.length) for k, v in zip(keys[s:], values[s:]))
         z0 = cache.state[None] if warm_start else None
-        eq = self.block.equilibrium(
-            h, mask=mask, prefix=prefix, z0=z0, inference=True, budget=budget
-        )
-        kvs += self.block.cache(h, eq.value, mask=mask, prefix=prefix)
+        eq = self.block.equilibrium(h, prefix=prefix, z0=z0, inference=True, budget=budget)
+        kvs = list(self.block.cache(h, eq.value, prefix=prefix))
+        keys, values = write_rows(keys, values, kvs, cache.length, s)
         step = Step(eq.steps, eq.relative_residual, eq.converged)
-        return self.readout(eq.value)[0], write(cache, kvs, eq.value[0]), step
+        cache = GenerationCache(keys, values, cache.length + 1, eq.value[0])
+        return self.readout(eq.value)[0], cache, step
 
     def forward(
         self,
@@ -249,8 +249,3 @@ class DEQTransformer(AbstractTransformer):
             inference=inference,
             samples=samples,
         )
-
-
-def _first(cache: GenerationCache, blocks: int):
-    """The cached keys and values of the first `blocks` blocks."""
-    return cache.keys[:blocks], cache.values[:blocks]

@@ -39,7 +39,7 @@ from ..parallel import SequenceSplit
 from ._block import AbstractBlock, DropoutMasks
 from ._checks import check_dims, check_dropout, check_mask, check_tokens
 from ._layer import AbstractEquilibriumLayer
-from ._multihead import KeyValues, MultiHeadAttention
+from ._multihead import BlockCache, KeyValues, MultiHeadAttention
 from ._norm import Norm, check_norm
 from ._tokens import per_token, shard_tokens
 from ._transformer import TransformerBlock, stack
@@ -194,7 +194,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         z: Float[Array, "n dim"],
         *,
         mask: Bool[ArrayLike, "#queries #keys"] | None = None,
-        prefix: KeyValues | tuple[KeyValues, ...] | None = None,
+        prefix: KeyValues | BlockCache | tuple[KeyValues | BlockCache, ...] | None = None,
     ) -> tuple[KeyValues, ...]:
         """The keys and values, one `KeyValues` per block of the cell, that later tokens attend
         to: those of each block's input when the map is applied at the fixed points `z` of the
@@ -215,7 +215,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         block of the cell, or None)."""
         check_tokens(x, self.dim)
         n = x.shape[0]
-        past = 0 if prefix is None else _per_block(prefix, self.depth)[0].keys.shape[1]
+        past = 0 if prefix is None else _per_block(prefix, self.depth)[0].positions
         mask = check_mask(mask, n, n + past)
         injection = shard_tokens(self.attention.sequence, self.injection(x))
         return injection, mask, self._dropout(key, inference, n, injection.dtype)
@@ -236,7 +236,7 @@ class DEQBlock(AbstractBlock, AbstractEquilibriumLayer):
         inference: bool | None = None,
         z0: Float[Array, "n dim"] | None = None,
         budget: int | Int[ArrayLike, ""] | None = None,
-        prefix: KeyValues | tuple[KeyValues, ...] | None = None,
+        prefix: KeyValues | BlockCache | tuple[KeyValues | BlockCache, ...] | None = None,
     ) -> Equilibrium:
         """Solve for $z^*$. Dropout (when `dropout > 0`, `key` given and not `inference`) draws
         its masks once here and keeps them for every iteration of this solve.
@@ -333,9 +333,10 @@ def _check_depth(depth, sequence) -> None:
         raise ValueError("`depth` > 1 does not combine with `sequence` (ring attention).")
 
 
-def _per_block(prefix, depth: int) -> tuple[KeyValues, ...]:
-    """`prefix` as one `KeyValues` per block of the cell (a bare `KeyValues`: depth 1)."""
-    prefix = (prefix,) if isinstance(prefix, KeyValues) else tuple(prefix)
+def _per_block(prefix, depth: int) -> tuple[KeyValues | BlockCache, ...]:
+    """`prefix` as one `KeyValues` or `BlockCache` per block of the cell (a bare one: depth
+    1)."""
+    prefix = (prefix,) if isinstance(prefix, (KeyValues, BlockCache)) else tuple(prefix)
     if len(prefix) != depth:
         raise ValueError(
             f"`prefix` must hold one KeyValues per block of the cell ({depth}); got {len(prefix)}."

@@ -8,11 +8,12 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._attention import (
     Implementation,
     attention,
+    attention_over_cache,
     attention_weights,
     attention_with_lse,
     check_implementation,
@@ -43,6 +44,29 @@ class KeyValues(NamedTuple):
 
     keys: Float[Array, "heads m dk"]
     values: Float[Array, "heads m dv"]
+
+    @property
+    def positions(self) -> int:
+        """How many tokens' keys and values it holds (`m`)."""
+        return self.keys.shape[-2]
+
+
+class BlockCache(NamedTuple):
+    """One block's slot of an [`eqattn.nn.GenerationCache`][]: per-head keys
+    `[heads, qk_size, max_len]` and values `[heads, vo_size, max_len]`, positions last, of which
+    the first `length` are in use. The rest must be finite (the cache keeps zeros there): they
+    are dropped from the softmax, not copied to make them inert. Positions last, a new token's
+    dot products and weighted sum run along contiguous memory. It serves as a `prefix` as
+    `KeyValues` do, and is what `MultiHeadAttention.over_cache` reads."""
+
+    keys: Float[Array, "heads dk max_len"]
+    values: Float[Array, "heads dv max_len"]
+    length: Int[Array, ""]
+
+    @property
+    def positions(self) -> int:
+        """How many positions it has room for (`max_len`)."""
+        return self.keys.shape[-1]
 
 
 class MultiHeadAttention(eqx.Module):
@@ -207,12 +231,14 @@ class MultiHeadAttention(eqx.Module):
         values: Float[Array, "m dv"] | None = None,
         *,
         mask: Bool[ArrayLike, "#queries #keys"] | None = None,
-        prefix: KeyValues | None = None,
+        prefix: KeyValues | BlockCache | None = None,
     ) -> Float[Array, "n do"]:
         """`prefix`, the [`key_values`][eqattn.nn.MultiHeadAttention.key_values] of `p`
         earlier tokens (a key/value cache), is put in front of this call's keys and values:
         the queries then attend over `p + m` keys (`mask` is then `[n, p + m]`; with `causal`,
-        query $i$ sees the whole prefix and keys $j \\le i + m - n$ of this call's)."""
+        query $i$ sees the whole prefix and keys $j \\le i + m - n$ of this call's). A
+        [`BlockCache`][eqattn.nn.BlockCache] prefix counts its `max_len` positions as `p`, of
+        which the queries see the first `length`."""
         q = split_heads(per_token(self.query_proj, queries), self.num_heads)
         k, v = self.key_values(keys, values)
         if prefix is not None:
@@ -234,14 +260,34 @@ class MultiHeadAttention(eqx.Module):
         out = merge_heads(out)
         return out if self.output_proj is None else per_token(self.output_proj, out)
 
-    def _with_prefix(self, q, k, v, mask, prefix: KeyValues):
+    def over_cache(self, queries: Float[Array, "n dq"], cache: BlockCache) -> Float[Array, "n do"]:
+        """The queries' attention over `cache` alone (their own keys and values already
+        written there, as cached generation does)."""
+        if self.sequence is not None:
+            raise ValueError("a key/value cache does not combine with `sequence`.")
+        q = split_heads(per_token(self.query_proj, queries), self.num_heads)
+        out = merge_heads(self._read(q, cache)[0].astype(q.dtype))
+        return out if self.output_proj is None else per_token(self.output_proj, out)
+
+    def _read(self, q, cache: BlockCache, mask=None):
+        """`(out, lse)` of the per-head queries `q` over `cache`'s positions in use (eqattn's
+        cache read, whatever `implementation` says: see `eqattn._attention._decode`)."""
+        k, v = cache.keys.astype(q.dtype), cache.values.astype(q.dtype)
+        return attention_over_cache(q, k, v, cache.length, beta=self.beta, mask=mask)
+
+    def _lse(self, q, k, v, mask, causal: bool):
+        return attention_with_lse(
+            q, k, v, beta=self.beta, mask=mask, causal=causal, implementation=self.implementation
+        )
+
+    def _with_prefix(self, q, k, v, mask, prefix: KeyValues | BlockCache):
         r"""Attention over the cached `prefix`'s keys, then this call's, without joining them:
         each part's `(out, lse)` and their exact merge,
         $\mathrm{out} = \sum_s e^{\mathrm{lse}_s - \mathrm{lse}}\,\mathrm{out}_s$. The cache is
         read where it lies, not copied with one more row at every call (a DEQ's solver step)."""
-        pk, pv = prefix.keys.astype(k.dtype), prefix.values.astype(v.dtype)
-        p = pk.shape[1]
-        if self.implementation == "cudnn":  # no log-sum-exp to merge: one call over the join
+        p = prefix.positions
+        if self.implementation == "cudnn" and isinstance(prefix, KeyValues):  # one call: no lse
+            pk, pv = prefix.keys.astype(k.dtype), prefix.values.astype(v.dtype)
             joined = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
             return attention(
                 q, *joined, beta=self.beta, mask=mask, causal=self.causal, implementation="cudnn"
@@ -253,12 +299,12 @@ class MultiHeadAttention(eqx.Module):
                 mask, jnp.broadcast_shapes(mask.shape, (q.shape[1], p + k.shape[1]))
             )
             masks = (mask[..., :p], mask[..., p:])
-        parts = [
-            attention_with_lse(
-                q, *kv, beta=self.beta, mask=m, causal=c, implementation=self.implementation
-            )
-            for kv, m, c in (((pk, pv), masks[0], False), ((k, v), masks[1], self.causal))
-        ]
+        if isinstance(prefix, BlockCache):
+            first = self._read(q, prefix, masks[0])
+        else:
+            pk, pv = prefix.keys.astype(k.dtype), prefix.values.astype(v.dtype)
+            first = self._lse(q, pk, pv, masks[0], False)
+        parts = [first, self._lse(q, k, v, masks[1], self.causal)]
         wide = jnp.promote_types(q.dtype, jnp.float32)  # merged in at least float32
         parts = [(out.astype(wide), lse) for out, lse in parts]
         return merge_partials(*parts)[0].astype(q.dtype)

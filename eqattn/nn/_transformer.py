@@ -17,7 +17,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray, UIn
 
 from .._attention import Implementation
 from ._block import AbstractBlock
-from ._cache import GenerationCache, Step, new_cache, run_cached, seen, write
+from ._cache import GenerationCache, Step, new_cache, run_cached, run_over_cache
 from ._checks import check_dims, check_dropout
 from ._embedding import TokenEmbedding
 from ._model import AbstractTransformer, Prediction
@@ -203,11 +203,9 @@ class Transformer(AbstractTransformer):
         return self.readout(z), cache, Step.unsolved(z.dtype)
 
     def extend(self, token, cache: GenerationCache, *, warm_start=True, budget=None):
-        kvs: list[KeyValues] = []
-        z = run_cached(
-            self.blocks, self._next(token, cache), kvs, seen(cache), cache.keys, cache.values
-        )
-        return self.readout(z)[0], write(cache, kvs, z[0]), Step.unsolved(z.dtype)
+        z, keys, values = run_over_cache(self.blocks, self._next(token, cache), cache)
+        cache = GenerationCache(keys, values, cache.length + 1, z[0])
+        return self.readout(z)[0], cache, Step.unsolved(z.dtype)
 
     def __call__(
         self,

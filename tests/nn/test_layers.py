@@ -336,3 +336,27 @@ def test_attention_over_a_cache_matches_float64_numpy(getkey):
     low = mha(x[p:], x[p:], mask=mask, prefix=mha.key_values(x[:p]))
     assert low.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(low, np.float64), ref, atol=0.1)
+
+
+def test_a_block_cache_is_read_up_to_its_length(getkey):
+    """A generation cache's slot (`BlockCache`: positions last, the first `length` in use,
+    anything finite after them) as a `prefix` gives what the same tokens' `KeyValues` give, and
+    `over_cache` (the new token's keys and values written first) gives the full pass's row."""
+    heads, dim, p, n, room = 2, 8, 5, 1, 9
+    mha = enn.MultiHeadAttention(heads, dim, key=getkey(), causal=True, dtype=jnp.float64)
+    x = jax.random.normal(getkey(), (p + n, dim), jnp.float64)
+
+    def slot(kv, length):  # [heads, m, d] -> [heads, d, room], finite garbage past `length`
+        pad = jax.random.normal(getkey(), (heads, room - length, kv.shape[-1]), kv.dtype)
+        return jnp.swapaxes(jnp.concatenate([kv[:, :length], 1e3 * pad], axis=1), 1, 2)
+
+    kv = mha.key_values(x)
+    mask = np.ones((n, room + n), bool)
+    mask[:, 2] = False  # the mask still applies to the positions in use
+    cache = enn.BlockCache(slot(kv.keys, p), slot(kv.values, p), jnp.asarray(p))
+    prefix = enn.KeyValues(kv.keys[:, :p], kv.values[:, :p])
+    plain = mha(x[p:], x[p:], mask=np.delete(mask, np.s_[p:room], axis=1), prefix=prefix)
+    out = mha(x[p:], x[p:], mask=mask, prefix=cache)
+    np.testing.assert_allclose(out, plain, rtol=1e-12, atol=1e-12)
+    written = enn.BlockCache(slot(kv.keys, p + n), slot(kv.values, p + n), jnp.asarray(p + n))
+    np.testing.assert_allclose(mha.over_cache(x[p:], written), mha(x, x)[p:], atol=1e-12)
