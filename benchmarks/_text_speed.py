@@ -16,7 +16,7 @@ import eqattn
 from eqattn.text import TextConfig, TextTask
 from eqattn.train import optimizer_of
 
-from ._harness import External, time_interleaved, time_jitted
+from ._harness import External, in_fresh_process, time_interleaved, time_jitted
 
 MB = 2**20
 
@@ -142,7 +142,9 @@ def _generate_cases(model, prompt: int, context: int) -> tuple[dict[str, tuple],
     for batch in BATCHES:
         prompts = data if batch == 1 else [data] * batch
         tag = "" if batch == 1 else f" x{batch}"
-        for size, n in (("few", 2), ("many", context - prompt - 1)):
+        # a batch's marginal byte takes ~100x one row's: fewer bytes time it as well
+        many = context - prompt - 1 if batch == 1 else min(context - prompt - 1, 128)
+        for size, n in (("few", 2), ("many", many)):
             mode = f"generate(){tag} {size}"
             lengths[mode] = n
             call = lambda p=prompts, n=n: text.generate(model, p, n, temperature=1.0)  # noqa: E731
@@ -219,6 +221,37 @@ def generation_rows() -> dict:
     process (`in_fresh_process`): after the training steps' rows, in the same process, the
     small calls these rows time were slower, and varied from run to run by up to 2x."""
     return {"rows": _generation_rows([256, 1024], context=1088, repeats=10, size={})}
+
+
+GENERATION_RUNS = 3
+"""Fresh processes the suite's generation rows are measured in (a verdict: their median)."""
+
+
+def generation_runs(runs: int = GENERATION_RUNS) -> list[dict]:
+    """`generation_rows` in `runs` fresh processes, one after the other, combined."""
+    return combined_runs(
+        [in_fresh_process("benchmarks._text_speed", "generation_rows")["rows"] for _ in range(runs)]
+    )
+
+
+def combined_runs(runs: list[list[dict]]) -> list[dict]:
+    """One row per case of several runs' generation rows (the same cases in the same order):
+    the median of the runs' times (`ms_per_token`, with every run's in `ms_runs`) and what
+    follows from it; `of_deq_cached` over the median of the DEQ's cached call."""
+    rows = []
+    for case in zip(*runs):
+        ms = [r["ms_per_token"] for r in case]
+        row = dict(case[0], ms_per_token=statistics.median(ms), ms_runs=ms)
+        row["tokens_per_s"] = 1e3 * row.get("batch", 1) / row["ms_per_token"]
+        rows.append(row)
+    base = {
+        r["prompt"]: r["ms_per_token"]
+        for r in rows
+        if r["mode"] == "cached" and r["model"] == "deq"
+    }
+    for r in rows:
+        r["of_deq_cached"] = r["ms_per_token"] / base[r["prompt"]]
+    return rows
 
 
 def context_step(context: int = 4096, batch: int = 16) -> dict:

@@ -14,14 +14,15 @@ explicit baseline of equal parameters.
    implicit`; the default Jacobian-free one differentiates one step whatever the budget): its
    memory does not grow with the steps.
 3. Generation, fresh parameters (speed does not depend on training, solver steps do: they are
-   reported), context 1088: the time of the token after a prompt of 256 and of 1024 bytes,
+   reported), context 1088, in `GENERATION_RUNS` (3) fresh processes, each figure the median of
+   the runs' with their range: the time of the token after a prompt of 256 and of 1024 bytes,
    DEQ with its equilibrium cache (`eqattn.nn.extend`: one row solved against the cached keys
    and values), DEQ re-solving the whole prefix (from zeros, and warm-started from the previous
    fixed points), the explicit model with its key/value cache and re-running the prefix; and
    `eqattn.text.generate` end to end (`generate()`: sampling and the host's loop included, the
    marginal time of a byte between 2 and as many bytes as fit the context without a slide:
-   the median over the rounds of each round's difference, the two calls made back to back).
-   (full and short runs) In a fresh process, as part 4.
+   the median over the rounds of each round's difference, the two calls made back to back;
+   at batch 64, up to 128 bytes).
 4. (full run only) `--context 4096` at the command's batch (16): one DEQ training step in a
    fresh process (the command's step, which differentiates the windows in chunks of at most
    4096 tokens: here one window at a time), its peak resident memory (the 8 GB check) and the
@@ -50,7 +51,13 @@ from ._harness import (
     print_table,
     seeds_cell,
 )
-from ._text_speed import _context_rows, _generation_rows, _solver_rows
+from ._text_speed import (
+    _context_rows,
+    _generation_rows,
+    _solver_rows,
+    combined_runs,
+    generation_runs,
+)
 
 MB = 2**20
 SEEDS = (0, 1, 2)
@@ -202,12 +209,13 @@ def _print(rows) -> None:
     )
     print("\ngeneration: the token after a prompt (fresh parameters)")
     print_table(
-        part("generation"),
+        [dict(r, runs=_runs_range(r)) for r in part("generation")],
         [
             ("prompt", "prompt", "d"),
             ("model", "model", "s"),
             ("mode", "mode", "s"),
-            ("ms_per_token", "ms/token", ".2f"),
+            ("ms_per_token", "ms/token", ".3g"),
+            ("runs", "runs' range", "s"),
             ("tokens_per_s", "tokens/s", ".0f"),
             ("of_deq_cached", "x DEQ cached", ".2f"),
             ("solver_steps", "steps", "d"),
@@ -215,16 +223,22 @@ def _print(rows) -> None:
     )
 
 
+def _runs_range(r) -> str:
+    """The runs' range of a generation row's time (none in results from before the runs)."""
+    runs = r.get("ms_runs") or []
+    return "" if len(runs) < 2 else f"{min(runs):.3g}-{max(runs):.3g} ({len(runs)} runs)"
+
+
 def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
     rows = [] if short else _paired(quick)
     if quick:
         rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK)
         rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK)
-        rows += _generation_rows([8], context=16, repeats=2, size=_QUICK)
+        rows += combined_runs([_generation_rows([8], context=16, repeats=2, size=_QUICK)])
     else:
         rows += _context_rows([256, 1024, 4096], tokens_per_step=4096, repeats=5, size={})
         rows += _solver_rows([5, 10, 20, 40], context=256, batch=16, repeats=5, size={})
-        rows += in_fresh_process("benchmarks._text_speed", "generation_rows")["rows"]
+        rows += generation_runs()
     _print(rows)
     if not quick:
         long = in_fresh_process("benchmarks._text_speed", "context_step")
@@ -339,13 +353,21 @@ def table(payload) -> str:
         [[r["steps"], f"{r['temp_mb']:.1f}", f"{r['step_ms']:.3g}"] for r in part("solver")],
     )
     generation = markdown_table(
-        ["prompt", "model", "mode", "ms per token", "tokens/s", "x DEQ cached", "solver steps"],
+        [
+            "prompt",
+            "model",
+            "mode",
+            "ms per token (runs' range)",
+            "tokens/s",
+            "x DEQ cached",
+            "solver steps",
+        ],
         [
             [
                 r["prompt"],
                 r["model"],
                 r["mode"],
-                f"{r['ms_per_token']:.3g}",
+                f"{r['ms_per_token']:.3g}" + (f" ({_runs_range(r)})" if _runs_range(r) else ""),
                 f"{r['tokens_per_s']:.0f}",
                 f"{r['of_deq_cached']:.2f}",
                 "" if r["model"] == "explicit" or r["solver_steps"] is None else r["solver_steps"],
