@@ -92,11 +92,34 @@ def _check_text(payload):
     # text.generate end to end: a marginal time per byte (sign not checked: --quick generates
     # 2 and 7 bytes twice each, within the noise)
     assert all(np.isfinite(r["ms_per_token"]) for r in part("generation"))
+    assert all(r["ms_runs"] == [r["ms_per_token"]] for r in part("generation"))  # one run
     # the GPU command's `--short` run has no training runs: its report starts at the step table
     from benchmarks.text import table
 
     short = table({**payload, "rows": [r for r in payload["rows"] if r["part"] != "paired"]})
     assert short.startswith("| context | model |") and "Target" not in short
+
+
+def test_generation_runs_combine_into_medians_with_their_range():
+    """The text suite's generation rows of several runs: per case the median time, every run's,
+    and the figures that follow from the median; the table shows the range."""
+    from benchmarks._text_speed import combined_runs
+    from benchmarks.text import table
+
+    def row(model, mode, ms, batch=None):
+        extra = {} if batch is None else {"batch": batch}
+        fields = dict(prompt=8, model=model, mode=mode, ms_per_token=ms, solver_steps=None)
+        return dict(part="generation", **fields, **extra)
+
+    runs = [
+        [row("deq", "cached", c), row("explicit", "generate() batch 64", g, 64)]
+        for c, g in ((2.0, 30.0), (1.0, 10.0), (4.0, 20.0))
+    ]
+    cached, batch = combined_runs(runs)
+    assert (cached["ms_per_token"], cached["ms_runs"]) == (2.0, [2.0, 1.0, 4.0])
+    assert (cached["of_deq_cached"], cached["tokens_per_s"]) == (1.0, 500.0)
+    assert (batch["ms_per_token"], batch["of_deq_cached"], batch["tokens_per_s"]) == (20, 10, 3200)
+    assert "| 2 (1-4 (3 runs)) |" in table({"rows": [cached, batch]})
 
 
 def _check_text_frontier(payload):
