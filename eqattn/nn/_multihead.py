@@ -57,7 +57,23 @@ class BlockCache(NamedTuple):
     the first `length` are in use. The rest must be finite (the cache keeps zeros there): they
     are dropped from the softmax, not copied to make them inert. Positions last, a new token's
     dot products and weighted sum run along contiguous memory. It serves as a `prefix` as
-    `KeyValues` do, and is what `MultiHeadAttention.over_cache` reads."""
+    `KeyValues` do, and is what `MultiHeadAttention.over_cache` reads.
+
+    **Example:**
+
+    ```python
+    import jax, jax.numpy as jnp, eqattn
+
+    mha = eqattn.nn.MultiHeadAttention(2, 8, key=jax.random.key(0), causal=True)
+    x = jax.random.normal(jax.random.key(1), (5, 8))
+    kv = mha.key_values(x)  # [heads, 5, 4] each
+    room = jnp.zeros((2, 4, 10))  # [heads, d, 10 positions]
+    slots = (room.at[..., :5].set(a.swapaxes(1, 2)) for a in kv)
+    cache = eqattn.nn.BlockCache(*slots, jnp.array(5))
+    # the last token, its own keys and values already in the cache, as in the full pass
+    assert jnp.allclose(mha.over_cache(x[4:], cache), mha(x, x)[4:], atol=1e-5)
+    ```
+    """
 
     keys: Float[Array, "heads dk max_len"]
     values: Float[Array, "heads dv max_len"]
