@@ -38,11 +38,11 @@ def exact(model: graphs.GraphDEQ) -> graphs.GraphDEQ:
     return model
 
 
-def controls(deq, config, sizes: dict[int, int] | None, depth: int) -> dict[str, dict]:
-    """A DEQ run's controls, each evaluated on `sizes` (None: the evaluation's) at the budget
-    rule: its untrained model (the run's initialisation), the layer at the exact parameters
-    (an attention step's; a records step's are its untrained model's), and its trained step
-    tied and run `depth` times."""
+def controls(deq, config, depth: int, sizes=None, families=None) -> dict[str, dict]:
+    """A DEQ run's controls, each evaluated on `sizes` and `families` (None: the evaluation's)
+    at the budget rule: its untrained model (the run's initialisation), the layer at the exact
+    parameters (an attention step's; a records step's are its untrained model's), and its
+    trained step tied and run `depth` times."""
     untrained = train.initial_model(graphs.GraphTask.build_model, config)
     models = {"untrained": untrained, "exact parameters": exact(untrained)}
     if models["exact parameters"] is untrained:  # a records step: the same model
@@ -50,7 +50,9 @@ def controls(deq, config, sizes: dict[int, int] | None, depth: int) -> dict[str,
     models[f"tied x{depth}"] = graphs.tied_twin(deq, depth)
     out = {}
     for name, model in models.items():
-        rows = graphs.evaluate_sizes(model, config, None, sizes=sizes, sweep=False)
+        rows = graphs.evaluate_sizes(
+            model, config, None, sizes=sizes, sweep=False, families=families
+        )
         out[name] = dict(
             accuracy={f"{r['family']}@{r['n']}": r["at_rule"]["accuracy"] for r in rows},
             unresolved={f"{r['family']}@{r['n']}": r["at_rule"]["unresolved"] for r in rows},

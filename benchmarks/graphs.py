@@ -35,10 +35,10 @@ training graphs' longest distance needs); both are then scored on every family a
 
 `--quick`: BFS's two models and the shortest paths' DEQ (`QUICK_RUNS`), seed 0, BFS one epoch of
 100 steps and shortest paths two of 200 (its initial orientation, wrong at seed 0, flips in the
-second), the evaluation and controls on two graphs of each family at 64 nodes, the dynamics on
-two families, two distributions on two families, two generators at 64 nodes and one real graph:
-it exercises the code only. With `REUSE` set to a
-folder holding BFS's runs at the command's defaults (`deq/` and `explicit/`, as `eqattn train
+second), the evaluation and controls on two graphs of three families (`QUICK_FAMILIES`) at 64
+nodes, the dynamics on two families, two distributions on two families, two generators at 64
+nodes and one real graph: it exercises the code only. With `REUSE` set to a folder holding
+BFS's runs at the command's defaults (`deq/` and `explicit/`, as `eqattn train
 --out FOLDER` writes them), it reads those instead of training BFS (the tests share one).
 """
 
@@ -81,6 +81,9 @@ QUICK_RUNS = (
 QUICK_SIZES = {64: 2}
 """`--quick`'s nodes and graphs per family (each family's graphs compile a program of their
 own: the quick suite is compile-bound)."""
+QUICK_FAMILIES = ("path", "geometric", "delaunay")
+"""`--quick`'s families of the evaluation and the controls (a path is deeper than the explicit
+twin at 64 nodes; the geometric and Delaunay graphs are weighted by their geometry)."""
 QUICK_DYNAMICS = ("path", "grid")
 """`--quick`'s families of the dynamics."""
 
@@ -108,11 +111,14 @@ def _train(model: str, settings: dict, seed: int, out: Path, reusable: bool) -> 
 
 
 def _evaluate(out: Path, sizes: dict[int, int] | None) -> dict:
-    """`eqattn.train.evaluate` of the run (`sizes`: only these, the rule's budget alone)."""
+    """`eqattn.train.evaluate` of the run (`sizes`: only these on `QUICK_FAMILIES`, the rule's
+    budget alone)."""
     if sizes is None:
         return train.evaluate(out, graphs.GraphTask, progress=False)
     model, config, _ = train.load_model(out, graphs.GraphTask)
-    rows = graphs.evaluate_sizes(model, config, None, sizes=sizes, sweep=False)
+    rows = graphs.evaluate_sizes(
+        model, config, None, sizes=sizes, sweep=False, families=QUICK_FAMILIES
+    )
     return {"sizes": rows, "by_distance": graphs.distance_table(rows)}
 
 
@@ -142,9 +148,8 @@ def _run(case, model, settings, seed, reusable, out, quick, sizes) -> list[dict]
     if model != "deq":
         return rows
     # the controls on the evaluation's graphs (None: `graphs.evaluate_sizes`' own sizes)
-    for name, control in _graph_parts.controls(
-        loaded, config, sizes if quick else None, DEPTH
-    ).items():
+    quick_graphs = dict(sizes=sizes, families=QUICK_FAMILIES) if quick else {}
+    for name, control in _graph_parts.controls(loaded, config, DEPTH, **quick_graphs).items():
         rows.append(dict(part="control", case=f"{name} {algorithm}", seed=seed, **control))
     if seed == 0 and graphs.ALGORITHMS[algorithm].weighted:
         weight_sizes = {64: 2} if quick else WEIGHT_SIZES

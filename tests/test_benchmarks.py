@@ -146,8 +146,8 @@ def _check_text_frontier(payload):
 def _check_graphs(payload):
     """BFS's DEQ answers right on every graph of the quick run's sizes; the explicit model does
     not beyond its depth; the shortest paths' DEQ, after its 100 steps, gets at least 90% of
-    the parents on every family at 64 nodes, and on the graphs of networkx's generators
-    and its real graph; every DEQ has its controls (untrained, exact parameters, tied), the
+    the parents on each of the quick families at 64 nodes, and on the graphs of networkx's
+    generators and its real graph; every DEQ has its controls (untrained, exact parameters, tied), the
     weighted one its table by weight distribution; the dynamics rows are there."""
     runs = {r["case"]: r for r in payload["rows"] if r["part"] == "run"}
     assert set(runs) == {"deq bfs", "explicit bfs", "deq shortest-paths"}

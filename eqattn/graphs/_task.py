@@ -62,21 +62,31 @@ class _Data:
     def accuracy(self, model, inputs, targets) -> dict[str, float]:
         return parent_accuracy(model, inputs, targets, budget_for(targets[2].shape[1]))
 
-    def evaluate(self, model, budgets, tick, sizes=SIZES, sweep=True):
-        return evaluate_parents(model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep)
+    def evaluate(self, model, budgets, tick, sizes=SIZES, sweep=True, families=None):
+        return evaluate_parents(
+            model, self.config, budgets, tick=tick, sizes=sizes, sweep=sweep, families=families
+        )
 
 
 def evaluate_sizes(
-    model, config: GraphConfig, budgets=None, *, tick=None, sizes=None, sweep: bool = True
+    model,
+    config: GraphConfig,
+    budgets=None,
+    *,
+    tick=None,
+    sizes=None,
+    sweep: bool = True,
+    families: tuple[str, ...] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per family and size for a model of `config`'s algorithm: the scores at the
     budget rule (`budget_for`), against the budget (a DEQ, with `sweep`: `budgets`, else
     multiples of the rule) and by distance from the source (hops, for the weighted
-    algorithms). `sizes`: nodes and graphs per family (default the evaluation's)."""
+    algorithms). `sizes`: nodes and graphs per family (default the evaluation's); `families`:
+    these of `WEIGHTED_FAMILIES` only (default all)."""
     data = _Data(config)
     if sizes is None:
-        return data.evaluate(model, budgets, tick, sweep=sweep)
-    return data.evaluate(model, budgets, tick, sizes, sweep)
+        return data.evaluate(model, budgets, tick, sweep=sweep, families=families)
+    return data.evaluate(model, budgets, tick, sizes, sweep, families)
 
 
 class GraphTask(AbstractTask):
