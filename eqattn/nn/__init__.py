@@ -13,6 +13,11 @@ from ._graph import (
 from ._graph_attention import GraphAttentionStep as GraphAttentionStep
 from ._graph_records import GraphRecordsStep as GraphRecordsStep
 from ._graph_step import AbstractGraphStep as AbstractGraphStep, GraphState as GraphState
+from ._graph_transformer import (
+    ExplicitGraphTransformer as ExplicitGraphTransformer,
+    GraphTransformerStep as GraphTransformerStep,
+    ImplicitGraphTransformer as ImplicitGraphTransformer,
+)
 from ._hopfield import Hopfield as Hopfield
 from ._hopfield_options import HopfieldOptions as HopfieldOptions
 from ._hopfield_roles import HopfieldLayer as HopfieldLayer, HopfieldPooling as HopfieldPooling

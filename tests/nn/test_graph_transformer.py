@@ -1,0 +1,139 @@
+"""The generic graph-transformer block (`nn.GraphTransformerStep`) against a float64 numpy
+reference of its formula, its fixed point (`nn.ImplicitGraphTransformer`) and its implicit
+gradient against finite differences, its explicit twin, and its refusals."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqattn
+from eqattn import nn
+from eqattn._solve import Picard
+
+# a multi-edge (0 -> 1 twice), a self-loop (2 -> 2), node 4 with no incoming edge, one padding
+SENDERS = np.array([0, 0, 1, 2, 3, 2, 1, 0])
+RECEIVERS = np.array([1, 1, 2, 2, 0, 3, 0, 5])
+N, DIM, HEADS, F = 5, 8, 2, 3
+
+
+def _graph(rng):
+    return eqattn.Graph(
+        SENDERS, RECEIVERS, num_nodes=N, edge_features=rng.normal(size=(len(SENDERS), F))
+    )
+
+
+def _layer_norm(a, norm):
+    mu, var = a.mean(-1, keepdims=True), a.var(-1, keepdims=True)
+    return (a - mu) / np.sqrt(var + norm.eps) * np.asarray(norm.weight) + np.asarray(norm.bias)
+
+
+def _linear(lin, a):
+    w = np.asarray(lin.weight)
+    return a @ w.T + (0 if lin.bias is None else np.asarray(lin.bias))
+
+
+def _reference_step(step, z, x, graph):
+    """The module docstring's formula, node by node, in float64 numpy."""
+    u = _layer_norm(z + x, step.norms[0])
+    q, k, v = (_linear(lin, u) for lin in (step.to_query, step.to_key, step.to_value))
+    f = np.asarray(graph.edge_features)
+    dh = DIM // HEADS
+    att = np.zeros((N, DIM))
+    for i in range(N):
+        edges = [e for e in range(len(SENDERS)) if RECEIVERS[e] == i]
+        if not edges:
+            continue  # no incoming edge: the attention adds nothing
+        ke = np.stack([k[SENDERS[e]] + _linear(step.edge_to_key, f[e]) for e in edges])
+        ve = np.stack([v[SENDERS[e]] + _linear(step.edge_to_value, f[e]) for e in edges])
+        for h in range(HEADS):
+            cols = slice(h * dh, (h + 1) * dh)
+            beta = np.exp(np.asarray(step.log_gamma)[h]) / np.sqrt(dh)
+            s = beta * ke[:, cols] @ q[i, cols]
+            p = np.exp(s - s.max())
+            att[i, cols] = (p / p.sum()) @ ve[:, cols]
+    h = _layer_norm(u + _linear(step.to_out, att), step.norms[1])
+    w1, w2 = step.mlp.layers
+    hidden = np.asarray(jax.nn.gelu(_linear(w1, h)))
+    return _layer_norm(h + _linear(w2, hidden), step.norms[2])
+
+
+def _randomized(module, seed):
+    """`module` with every floating-point leaf drawn at random (norms' and temperatures' too)."""
+    leaves, tree = jax.tree.flatten(module)
+    rng = np.random.default_rng(seed)
+    out = [0.5 * rng.normal(size=np.shape(x)) if eqx.is_inexact_array(x) else x for x in leaves]
+    return jax.tree.unflatten(tree, out)
+
+
+def test_the_step_is_its_formula(rng):
+    step = _randomized(
+        nn.GraphTransformerStep(DIM, HEADS, edge_features=F, key=jax.random.key(0)), 1
+    )
+    graph = _graph(rng)
+    z, x = rng.normal(size=(N, DIM)), rng.normal(size=(N, DIM))
+    got = eqx.filter_jit(step)(z, x, graph)
+    np.testing.assert_allclose(got, _reference_step(step, z, x, graph), rtol=1e-10, atol=1e-10)
+    # without edge features the keys and values are the senders' alone
+    plain = nn.GraphTransformerStep(DIM, HEADS, key=jax.random.key(2))
+    g = eqattn.Graph(SENDERS, RECEIVERS, num_nodes=N)
+    assert plain.edge_features == 0 and plain(z, x, g).shape == (N, DIM)
+
+
+def _solved(dtype=None):
+    solver = Picard(rtol=1e-12, atol=0.0, max_steps=500)
+    layer = nn.ImplicitGraphTransformer(
+        DIM, HEADS, edge_features=F, key=jax.random.key(3), solver=solver, dtype=dtype
+    )
+    return layer
+
+
+def test_the_layer_solves_to_the_steps_fixed_point_and_differentiates_implicitly(rng):
+    layer, graph = _solved(), _graph(rng)
+    x = rng.normal(size=(N, DIM))
+    z, eq = eqx.filter_jit(layer.forward)(x, graph)
+    assert bool(eq.converged)
+    np.testing.assert_allclose(layer.step(z, x, graph), z, atol=1e-10)
+    np.testing.assert_allclose(layer.iterate(x, graph, int(eq.steps) + 50), z, atol=1e-9)
+    c = rng.normal(size=(N, DIM))
+
+    def loss(layer, x):
+        return jnp.sum(layer(x, graph) * c)
+
+    gx, gl = jax.grad(loss, argnums=1)(layer, x), eqx.filter_grad(loss)(layer, x)
+    for _ in range(3):  # the input's gradient by central differences, a random direction
+        d = rng.normal(size=x.shape)
+        fd = (loss(layer, x + 1e-6 * d) - loss(layer, x - 1e-6 * d)) / 2e-6
+        np.testing.assert_allclose(np.sum(gx * d), fd, rtol=1e-5)
+    # a parameter's: the first head's temperature
+    gamma = lambda t: eqx.tree_at(lambda m: m.step.log_gamma, layer, layer.step.log_gamma + t)  # noqa: E731
+    t = jnp.array([1e-6, 0.0])
+    fd = (loss(gamma(t), x) - loss(gamma(-t), x)) / 2e-6
+    np.testing.assert_allclose(gl.step.log_gamma[0], fd, rtol=1e-5)
+
+
+@pytest.mark.float32
+def test_batches_under_vmap_and_a_short_budget_is_reported(rng):
+    layer = nn.ImplicitGraphTransformer(DIM, HEADS, edge_features=F, key=jax.random.key(4))
+    graphs = jax.tree.map(lambda *a: jnp.stack(a), _graph(rng), _graph(rng))
+    x = jnp.asarray(rng.normal(size=(2, N, DIM)), jnp.float32)
+    z, eq = jax.vmap(layer.forward)(x, graphs)
+    assert z.dtype == jnp.float32 and eq.converged.all()
+    _, short = jax.vmap(lambda x, g: layer.forward(x, g, budget=1))(x, graphs)
+    assert not short.converged.any()  # never a plausible answer from a solve cut short
+    stack = nn.ExplicitGraphTransformer(DIM, HEADS, depth=3, edge_features=F, key=jax.random.key(5))
+    assert jax.vmap(stack)(x, graphs).shape == (2, N, DIM)
+
+
+def test_refusals(rng):
+    with pytest.raises(ValueError, match="`num_heads` \\(3\\) must divide `dim` \\(8\\)"):
+        nn.GraphTransformerStep(8, 3, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="`depth` must be an int >= 1"):
+        nn.ExplicitGraphTransformer(8, 2, depth=0, key=jax.random.key(0))
+    layer = nn.ImplicitGraphTransformer(DIM, HEADS, edge_features=F, key=jax.random.key(0))
+    graph = _graph(rng)
+    with pytest.raises(eqattn.GraphError, match=r"`x` must be \[5, 8\] .*got \[5, 4\]"):
+        layer(np.zeros((N, 4)), graph)
+    with pytest.raises(eqattn.GraphError, match="edge_features"):
+        layer(np.zeros((N, DIM)), eqattn.Graph(SENDERS, RECEIVERS, num_nodes=N))
