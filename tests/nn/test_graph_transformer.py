@@ -98,6 +98,7 @@ def test_the_layer_solves_to_the_steps_fixed_point_and_differentiates_implicitly
     np.testing.assert_allclose(layer.iterate(x, graph, int(eq.steps) + 50), z, atol=1e-9)
     c = rng.normal(size=(N, DIM))
 
+    @eqx.filter_jit
     def loss(layer, x):
         return jnp.sum(layer(x, graph) * c)
 
@@ -118,9 +119,12 @@ def test_batches_under_vmap_and_a_short_budget_is_reported(rng):
     layer = nn.ImplicitGraphTransformer(DIM, HEADS, edge_features=F, key=jax.random.key(4))
     graphs = jax.tree.map(lambda *a: jnp.stack(a), _graph(rng), _graph(rng))
     x = jnp.asarray(rng.normal(size=(2, N, DIM)), jnp.float32)
-    z, eq = jax.vmap(layer.forward)(x, graphs)
+    solve = eqx.filter_jit(
+        lambda x, g, b: jax.vmap(lambda x, g: layer.forward(x, g, budget=b))(x, g)
+    )
+    z, eq = solve(x, graphs, None)
     assert z.dtype == jnp.float32 and eq.converged.all()
-    _, short = jax.vmap(lambda x, g: layer.forward(x, g, budget=1))(x, graphs)
+    _, short = solve(x, graphs, jnp.asarray(1))
     assert not short.converged.any()  # never a plausible answer from a solve cut short
     stack = nn.ExplicitGraphTransformer(DIM, HEADS, depth=3, edge_features=F, key=jax.random.key(5))
     assert jax.vmap(stack)(x, graphs).shape == (2, N, DIM)
