@@ -239,6 +239,8 @@ class ImplicitGraphTransformer(AbstractEquilibriumLayer):
 
     def iterate(self, x, graph: Graph, steps: int) -> Float[Array, "n dim"]:
         """The step applied `steps` times from zeros, with no stopping test (the tied twin)."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"`steps` must be an int >= 0; got {steps!r}")
         code, graph = _check_inputs(self.step, x, graph)
         z = jnp.zeros_like(code)
         return jax.lax.fori_loop(0, steps, lambda _, z: self.step(z, code, graph), z)

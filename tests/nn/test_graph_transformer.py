@@ -130,6 +130,7 @@ def test_batches_under_vmap_and_a_short_budget_is_reported(rng):
     assert jax.vmap(stack)(x, graphs).shape == (2, N, DIM)
 
 
+@pytest.mark.bad_input
 def test_refusals(rng):
     with pytest.raises(ValueError, match="`num_heads` \\(3\\) must divide `dim` \\(8\\)"):
         nn.GraphTransformerStep(8, 3, key=jax.random.key(0))
@@ -139,5 +140,7 @@ def test_refusals(rng):
     graph = _graph(rng)
     with pytest.raises(eqattn.GraphError, match=r"`x` must be \[5, 8\] .*got \[5, 4\]"):
         layer(np.zeros((N, 4)), graph)
+    with pytest.raises(ValueError, match="`steps` must be an int >= 0; got 2.5"):
+        layer.iterate(np.zeros((N, DIM)), graph, 2.5)
     with pytest.raises(eqattn.GraphError, match="edge_features"):
         layer(np.zeros((N, DIM)), eqattn.Graph(SENDERS, RECEIVERS, num_nodes=N))
