@@ -165,9 +165,8 @@ class ImplicitGraphTransformer(AbstractEquilibriumLayer):
     input code $x$ (Bai et al. 2019; Anil et al. 2022), so that a larger graph is answered by
     iterating longer.
 
-    **Arguments:** as the step's (`dim`, `num_heads`, `key`, `edge_features`, `hidden`), and
-    `solver`, `adjoint`, `throw` as in [`eqattn.fixed_point`][] (default
-    `Anderson(rtol=1e-4)` and the implicit adjoint).
+    **Arguments:** `step`, the step solved; `solver`, `adjoint`, `throw` as in
+    [`eqattn.fixed_point`][] (default `Anderson(rtol=1e-4)` and the implicit adjoint).
 
     Acts on one graph: `layer.forward(x, graph, *, z0=None, budget=None)` returns $z^*$ `[n,
     dim]` and the solve's [`eqattn.Equilibrium`][]; `x` is the nodes' input code `[n, dim]`
@@ -180,7 +179,8 @@ class ImplicitGraphTransformer(AbstractEquilibriumLayer):
     import jax, jax.numpy as jnp, eqattn
     from eqattn import nn
 
-    layer = nn.ImplicitGraphTransformer(8, 2, edge_features=1, key=jax.random.key(0))
+    step = nn.GraphTransformerStep(8, 2, edge_features=1, key=jax.random.key(0))
+    layer = nn.ImplicitGraphTransformer(step)
     g = eqattn.Graph(jnp.array([0, 1, 1, 2]), jnp.array([1, 0, 2, 1]), num_nodes=3,
                      edge_features=jnp.ones((4, 1)))  # a path 0 - 1 - 2
     x = jax.random.normal(jax.random.key(1), (3, 8))
@@ -197,25 +197,18 @@ class ImplicitGraphTransformer(AbstractEquilibriumLayer):
 
     def __init__(
         self,
-        dim: int,
-        num_heads: int,
+        step: GraphTransformerStep,
         *,
-        key: PRNGKeyArray,
-        edge_features: int = 0,
-        hidden: int | None = None,
         solver: Solver | None = None,
         adjoint: AbstractAdjoint | None = None,
         throw: bool = False,
-        dtype=None,
     ):
-        self.step = GraphTransformerStep(
-            dim, num_heads, key=key, edge_features=edge_features, hidden=hidden, dtype=dtype
-        )
+        if not isinstance(step, GraphTransformerStep):
+            raise TypeError(f"`step` must be a GraphTransformerStep; got {type(step).__name__}")
+        self.step = step
+        dtype = step.log_gamma.dtype
         self.solver, self.adjoint = self.solving(solver, adjoint, Anderson(rtol=1e-4), dtype)
         self.throw = throw
-
-    def _update(self, z, x, graph):
-        return self.step(z, x, graph)
 
     def equilibrium(
         self,
@@ -228,7 +221,7 @@ class ImplicitGraphTransformer(AbstractEquilibriumLayer):
         """The fixed point $z^*$ from zeros (or `z0`); `budget` caps the solver's steps."""
         code, graph = _check_inputs(self.step, x, graph)
         start = jnp.zeros_like(code) if z0 is None else jnp.asarray(z0, code.dtype)
-        return self.solve(ImplicitGraphTransformer._update, start, code, graph, budget=budget)
+        return self.solve(_apply_step, start, code, graph, budget=budget)
 
     def forward(
         self, x, graph: Graph, *, z0=None, budget=None
@@ -246,10 +239,15 @@ class ImplicitGraphTransformer(AbstractEquilibriumLayer):
         return jax.lax.fori_loop(0, steps, lambda _, z: self.step(z, code, graph), z)
 
 
+def _apply_step(layer: ImplicitGraphTransformer, z, x, graph):
+    return layer.step(z, x, graph)
+
+
 class ExplicitGraphTransformer(eqx.Module):
     r"""The explicit twin of [`ImplicitGraphTransformer`][eqattn.nn.ImplicitGraphTransformer]:
-    `depth` untied steps, each injecting $x$, from zeros: $z_{l+1} = f_l(z_l, x, G)$. It sees
-    `depth` edges from a node at most.
+    `steps`, untied [`GraphTransformerStep`][eqattn.nn.GraphTransformerStep]s of one shape,
+    each injecting $x$, from zeros: $z_{l+1} = f_l(z_l, x, G)$. It sees `len(steps)` edges from
+    a node at most.
 
     **Example:**
 
@@ -257,7 +255,8 @@ class ExplicitGraphTransformer(eqx.Module):
     import jax, jax.numpy as jnp, eqattn
     from eqattn import nn
 
-    stack = nn.ExplicitGraphTransformer(8, 2, depth=3, key=jax.random.key(0))
+    keys = jax.random.split(jax.random.key(0), 3)
+    stack = nn.ExplicitGraphTransformer(nn.GraphTransformerStep(8, 2, key=k) for k in keys)
     g = eqattn.Graph(jnp.array([0, 1]), jnp.array([1, 0]), num_nodes=2)
     assert stack(jnp.ones((2, 8)), g).shape == (2, 8) and len(stack.steps) == 3
     ```
@@ -265,25 +264,13 @@ class ExplicitGraphTransformer(eqx.Module):
 
     steps: tuple[GraphTransformerStep, ...]
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        depth: int,
-        key: PRNGKeyArray,
-        edge_features: int = 0,
-        hidden: int | None = None,
-        dtype=None,
-    ):
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"`depth` must be an int >= 1; got {depth!r}")
-        self.steps = tuple(
-            GraphTransformerStep(
-                dim, num_heads, key=k, edge_features=edge_features, hidden=hidden, dtype=dtype
-            )
-            for k in jax.random.split(key, depth)
-        )
+    def __init__(self, steps):
+        steps = tuple(steps)
+        if not steps or not all(isinstance(s, GraphTransformerStep) for s in steps):
+            raise TypeError("`steps` must be one or more GraphTransformerSteps")
+        if len({(s.dim, s.num_heads, s.edge_features) for s in steps}) > 1:
+            raise ValueError("`steps` must share one width, head count and count of edge features")
+        self.steps = steps
 
     def __call__(self, x: Float[ArrayLike, "n dim"], graph: Graph) -> Float[Array, "n dim"]:
         """$z_{\\mathrm{depth}}$ from $z_0 = 0$."""

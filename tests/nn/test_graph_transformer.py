@@ -81,12 +81,13 @@ def test_the_step_is_its_formula(rng):
     assert plain.edge_features == 0 and plain(z, x, g).shape == (N, DIM)
 
 
-def _solved(dtype=None):
+def _step(key):
+    return nn.GraphTransformerStep(DIM, HEADS, edge_features=F, key=key)
+
+
+def _solved():
     solver = Picard(rtol=1e-12, atol=0.0, max_steps=500)
-    layer = nn.ImplicitGraphTransformer(
-        DIM, HEADS, edge_features=F, key=jax.random.key(3), solver=solver, dtype=dtype
-    )
-    return layer
+    return nn.ImplicitGraphTransformer(_step(jax.random.key(3)), solver=solver)
 
 
 def test_the_layer_solves_to_the_steps_fixed_point_and_differentiates_implicitly(rng):
@@ -116,7 +117,7 @@ def test_the_layer_solves_to_the_steps_fixed_point_and_differentiates_implicitly
 
 @pytest.mark.float32
 def test_batches_under_vmap_and_a_short_budget_is_reported(rng):
-    layer = nn.ImplicitGraphTransformer(DIM, HEADS, edge_features=F, key=jax.random.key(4))
+    layer = nn.ImplicitGraphTransformer(_step(jax.random.key(4)))
     graphs = jax.tree.map(lambda *a: jnp.stack(a), _graph(rng), _graph(rng))
     x = jnp.asarray(rng.normal(size=(2, N, DIM)), jnp.float32)
     solve = eqx.filter_jit(
@@ -126,7 +127,7 @@ def test_batches_under_vmap_and_a_short_budget_is_reported(rng):
     assert z.dtype == jnp.float32 and eq.converged.all()
     _, short = solve(x, graphs, jnp.asarray(1))
     assert not short.converged.any()  # never a plausible answer from a solve cut short
-    stack = nn.ExplicitGraphTransformer(DIM, HEADS, depth=3, edge_features=F, key=jax.random.key(5))
+    stack = nn.ExplicitGraphTransformer(map(_step, jax.random.split(jax.random.key(5), 3)))
     assert jax.vmap(stack)(x, graphs).shape == (2, N, DIM)
 
 
@@ -134,9 +135,15 @@ def test_batches_under_vmap_and_a_short_budget_is_reported(rng):
 def test_refusals(rng):
     with pytest.raises(ValueError, match="`num_heads` \\(3\\) must divide `dim` \\(8\\)"):
         nn.GraphTransformerStep(8, 3, key=jax.random.key(0))
-    with pytest.raises(ValueError, match="`depth` must be an int >= 1"):
-        nn.ExplicitGraphTransformer(8, 2, depth=0, key=jax.random.key(0))
-    layer = nn.ImplicitGraphTransformer(DIM, HEADS, edge_features=F, key=jax.random.key(0))
+    with pytest.raises(TypeError, match="`steps` must be one or more GraphTransformerSteps"):
+        nn.ExplicitGraphTransformer([])
+    with pytest.raises(ValueError, match="`steps` must share one width"):
+        nn.ExplicitGraphTransformer(
+            [_step(jax.random.key(0)), nn.GraphTransformerStep(8, 4, key=jax.random.key(1))]
+        )
+    with pytest.raises(TypeError, match="`step` must be a GraphTransformerStep; got int"):
+        nn.ImplicitGraphTransformer(3)
+    layer = nn.ImplicitGraphTransformer(_step(jax.random.key(0)))
     graph = _graph(rng)
     with pytest.raises(eqattn.GraphError, match=r"`x` must be \[5, 8\] .*got \[5, 4\]"):
         layer(np.zeros((N, 4)), graph)
