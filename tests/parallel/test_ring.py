@@ -269,10 +269,11 @@ def test_ring_attention_nan_reaches_only_the_queries_that_see_it(rng, kind):
         np.testing.assert_allclose(got, want, atol=1e-11)
 
 
-@pytest.mark.parametrize("n", [32, 24])
-def test_ring_attention_causal_diagonal_halving(rng, n):
-    """Diagonal chunk pairs halved down to `chunk_size` = 2 queries (32: 8 -> 4 -> 2; 24: 6 -> 3,
-    odd, a leaf), with a per-query mask: outputs and gradients against the float64 reference."""
+def test_ring_attention_causal_diagonal_halving(rng):
+    """Diagonal chunk pairs halved towards `chunk_size` = 2 queries (48 queries on 2 devices:
+    chunks of 12, three levels of halving, rows padded to the leaves'), with a per-query mask:
+    outputs and gradients against the float64 reference."""
+    n = 48
     mesh = _mesh((2,), ("seq",))
     q, k, v = (rng.normal(size=(2, n, 4)) for _ in range(3))
     mask = rng.random((2, n, n)) > 0.2
