@@ -230,12 +230,32 @@ class ImplicitGraphTransformer(AbstractEquilibriumLayer):
         eq = self.equilibrium(x, graph, z0=z0, budget=budget)
         return eq.value, eq
 
-    def iterate(self, x, graph: Graph, steps: int) -> Float[Array, "n dim"]:
-        """The step applied `steps` times from zeros, with no stopping test (the tied twin)."""
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"`steps` must be an int >= 0; got {steps!r}")
+    def iterate(
+        self,
+        x: Float[ArrayLike, "n dim"],
+        graph: Graph,
+        steps: int | Int[ArrayLike, ""],
+        *,
+        z0: Float[ArrayLike, "n dim"] | None = None,
+    ) -> Float[Array, "n dim"]:
+        """The step applied `steps` times from zeros (or `z0`), with no stopping test: the tied
+        twin run as deep as training ran it, or a partial solve to train from.
+
+        `steps` is an int >= 0 (differentiable in reverse mode), or a traced integer (a loop of
+        unknown length, forward mode only: hold what it reads under `jax.lax.stop_gradient`,
+        as training from a random, partly solved start does (Anil et al. 2022))."""
+        if isinstance(steps, bool) or (isinstance(steps, int) and steps < 0):
+            raise ValueError(f"`steps` must be an int >= 0 or a traced integer; got {steps!r}")
+        if not isinstance(steps, int):
+            count = jnp.asarray(steps)
+            if count.shape != () or not jnp.issubdtype(count.dtype, jnp.integer):
+                raise ValueError(f"`steps` must be an int >= 0 or a traced integer; got {steps!r}")
         code, graph = _check_inputs(self.step, x, graph)
-        z = jnp.zeros_like(code)
+        z = jnp.zeros_like(code) if z0 is None else jnp.asarray(z0, code.dtype)
+        if z.shape != code.shape:
+            raise GraphError(
+                f"`z0` must be [{code.shape[0]}, {code.shape[1]}]; got {list(z.shape)}"
+            )
         return jax.lax.fori_loop(0, steps, lambda _, z: self.step(z, code, graph), z)
 
 
