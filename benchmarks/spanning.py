@@ -24,7 +24,7 @@ family (paths and cycles, whose lists are the longest, Erdős–Rényi, grid, ra
 Delaunay), size and k, the share of its parents that are right (`graphs.score_parents`), the share it leaves unresolved (a list cut at k ties with a
 child's), its steps, and the time of one step against one record's.
 
-`--quick`: 2 graphs of 64 nodes per family.
+`--quick`: 2 graphs of 64 nodes per family, the layer with 1 and 32 records (`QUICK_LAYER_KS`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ SIZES = {64: 16, 1024: 4, 4096: 2}
 LAYER_FAMILIES = ("path", "cycle", "erdos-renyi", "grid", "geometric", "delaunay")
 LAYER_KS = (1, 4, 8, 16, 32)
 """The records the layer carries."""
+QUICK_LAYER_KS = (1, 32)
+"""`--quick`'s: one record (ties left unresolved) and enough for every parent."""
 
 
 def _records(path: tuple, w: float) -> tuple:
@@ -125,8 +127,9 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             + f"; entries {r['entries_mean']:.1f} (max {r['entries_max']}); "
             f"full lists miss {r['wrong_full']}"
         )
-    rows += _layer(sizes)
-    return rows, {"sizes": sizes, "ks": list(KS), "layer_ks": list(LAYER_KS)}
+    layer_ks = QUICK_LAYER_KS if quick else LAYER_KS
+    rows += _layer(sizes, layer_ks)
+    return rows, {"sizes": sizes, "ks": list(KS), "layer_ks": list(layer_ks)}
 
 
 def _model(k: int) -> graphs.GraphDEQ:
@@ -134,12 +137,12 @@ def _model(k: int) -> graphs.GraphDEQ:
     return graphs.GraphDEQ(1, graphs.SpanningTree(records=k), key=jax.random.key(0))
 
 
-def _layer(sizes: dict[int, int]) -> list[dict]:
+def _layer(sizes: dict[int, int], ks: tuple[int, ...]) -> list[dict]:
     """The library's records layer (`_model`): per family, size and k, the share of right
     parents and of unresolved ones, the steps (max) and whether every solve converged; per k,
     the time of one step on the largest Delaunay graph, against one record's, round-robin."""
     rows = []
-    models = {k: _model(k) for k in LAYER_KS}
+    models = {k: _model(k) for k in ks}
     for n, count in sizes.items():
         for f, family in enumerate(LAYER_FAMILIES):
             g = graphs.sample_weighted(family, n, count, seed=2000 + 10 * n + f)
