@@ -12,6 +12,7 @@ import eqattn.digits
 import eqattn.graphs
 import eqattn.nn
 import eqattn.parallel
+import eqattn.prefix_sums
 import eqattn.text
 import eqattn.train
 
@@ -23,6 +24,7 @@ MODULES = (
     eqattn.digits,
     eqattn.text,
     eqattn.graphs,
+    eqattn.prefix_sums,
 )
 
 
