@@ -35,8 +35,8 @@ training graphs' longest distance needs); both are then scored on every family a
 
 `--quick`: BFS's two models (seed 0) and the shortest paths' DEQ (seed 2, whose initial
 orientation is the right one: at seed 0 it takes two epochs of 200 steps to flip), each one epoch
-of 100 steps (`QUICK_RUNS`), the evaluation and controls on two graphs of three families (`QUICK_FAMILIES`) at 64
-nodes, the dynamics on two families, two distributions on two families, two generators at 64
+of 100 steps (`QUICK_RUNS`), the evaluation and controls on two graphs of three families
+(`QUICK_FAMILIES`) at 64 nodes, the dynamics on two families, two distributions on two families, two generators at 64
 nodes and one real graph: it exercises the code only. With `REUSE` set to a folder holding
 BFS's runs at the command's defaults (`deq/` and `explicit/`, as `eqattn train
 --out FOLDER` writes them), it reads those instead of training BFS (the tests share one).

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .. import nn
-from .._solve import Solver
+from .._solve import Picard, Solver
 from ._data import EDGE_KINDS, chain
 
 Core = nn.ImplicitGraphTransformer | nn.ExplicitGraphTransformer
@@ -84,8 +84,6 @@ class PrefixSumsModel(eqx.Module):
     ) -> PrefixSumsModel:
         """The DEQ: one step of `dim` channels and `heads` heads, solved by `solver` (default
         Picard iteration to a relative residual of 1e-4 within 4096 steps)."""
-        from .._solve import Picard
-
         kc, km = jax.random.split(key)
         step = nn.GraphTransformerStep(
             dim, heads, key=kc, edge_features=len(EDGE_KINDS), dtype=dtype

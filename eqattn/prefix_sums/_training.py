@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Int, PRNGKeyArray
 
+from ._data import draw_bits, prefix_parity
 from ._model import PrefixSumsModel
 
 EXTRA_STEPS = 4
@@ -171,8 +172,6 @@ def fit(
     assert len(losses) == 2
     ```
     """
-    from ._data import draw_bits, prefix_parity
-
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"`steps` must be an int >= 1; got {steps!r}")
     optimizer = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr))
