@@ -123,6 +123,7 @@ class GraphDEQ(eqx.Module):
         step = self.algorithm.refined(self.layer.step)
         return None if step is None else eqx.tree_at(lambda m: m.layer.step, self, step)
 
+    @eqx.filter_jit  # one program: called eagerly, its solve's setup would compile op by op
     def predict(self, x: Inputs, *, budget=None, key=None, z0=None) -> Prediction:
         g, anchors, features = _read(self.algorithm, x)
         features = None if self.layer.encoder is None else features
