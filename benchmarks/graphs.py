@@ -168,7 +168,10 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             rows += _run(case, model, settings, seed, reusable, out, quick, sizes)
             # every run compiles its programs again (each graph shape, each budget): free the
             # last run's, or a process of 18 runs exhausts the memory maps the CPU JIT needs
-            jax.clear_caches()
+            # (`--quick`'s three runs keep theirs: the untied twin's program is the tied
+            # control's)
+            if not quick:
+                jax.clear_caches()
     _print(rows)
     meta = {"sizes": sizes, "seeds": [0] if quick else list(SEEDS), "starts": _graph_parts.STARTS}
     return rows, meta

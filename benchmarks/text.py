@@ -231,10 +231,10 @@ def _runs_range(r) -> str:
 
 def run(quick: bool = False, short: bool = False) -> tuple[list[dict], dict]:
     rows = [] if short else _paired(quick)
-    if quick:
-        rows += _context_rows([16], tokens_per_step=32, repeats=2, size=_QUICK)
-        rows += _solver_rows([2, 4], context=16, batch=2, repeats=2, size=_QUICK)
-        rows += combined_runs([_generation_rows([8], context=16, repeats=2, size=_QUICK)])
+    if quick:  # one timed call of each: nothing is judged
+        rows += _context_rows([16], tokens_per_step=32, repeats=1, size=_QUICK)
+        rows += _solver_rows([2, 4], context=16, batch=2, repeats=1, size=_QUICK)
+        rows += combined_runs([_generation_rows([8], context=16, repeats=1, size=_QUICK)])
     else:
         rows += _context_rows([256, 1024, 4096], tokens_per_step=4096, repeats=5, size={})
         rows += _solver_rows([5, 10, 20, 40], context=256, batch=16, repeats=5, size={})
