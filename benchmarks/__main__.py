@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             f"--jobs must be 1, or more with --quick (timed suites run alone); got {args.jobs}"
         )
     # refused before anything runs; the files record the tree that ran, not one edited since
+    _check_writable(parser, args.out)
     started = (git_commit(), tree_state(args.out, args.allow_dirty))
     dev = device_description()
     print(f"device: {dev['device_kind']} ({dev['platform']}, {dev['device_count']} device(s))")
@@ -105,6 +107,18 @@ def main(argv: list[str] | None = None) -> None:
     print(suite_times(took, wall=(time.perf_counter() - t0, jobs)))
     if failed:
         sys.exit(f"failed: {', '.join(failed)} (their output above)")
+
+
+def _check_writable(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Refuse a results folder that cannot be made or written before any suite runs (a full
+    run would otherwise lose its results when it ends)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        writable = os.access(out, os.W_OK | os.X_OK)
+    except OSError as error:
+        parser.error(f"--out {out}: cannot make the folder ({error.strerror})")
+    if not writable:
+        parser.error(f"--out {out}: the folder cannot be written")
 
 
 def suite_times(took: dict[str, float], wall: tuple[float, int] | None = None) -> str:

@@ -280,8 +280,8 @@ def _benchmarks(*args: str, env=None) -> subprocess.CompletedProcess:
 
 def test_quick_suites_run_side_by_side(tmp_path):
     """`--quick` with several suites runs them in a process per core (here `--jobs 2`): each
-    suite's output whole, its results file, its time and the run's wall time at the end; a suite
-    that fails is named, and the run exits 1 after the others ended."""
+    suite's output whole, its results file, its time and the run's wall time at the end; a
+    results folder that cannot be made is refused before any suite runs."""
     result = _benchmarks(*_TOGETHER, "--quick", "--jobs", "2", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
@@ -294,13 +294,25 @@ def test_quick_suites_run_side_by_side(tmp_path):
     # a table is printed whole, with its suite (not interleaved with the other's lines)
     block = out.split("\n== causal ==\n")[1].split("\n== ")[0]
     assert "eqattn causal" in block and "wrote " in block
-    # a results folder that cannot be written: both suites fail, each named
+    # a results folder that cannot be made: refused before any suite runs
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    failed = _benchmarks(*_TOGETHER, "--quick", "--out", str(blocked))
-    assert failed.returncode == 1 and "failed: " in failed.stderr
-    assert set(failed.stderr.split("failed: ")[1].split(" (")[0].split(", ")) == set(_TOGETHER)
+    refused = _benchmarks(*_TOGETHER, "--quick", "--out", str(blocked / "results"))
+    assert refused.returncode == 2 and f"--out {blocked / 'results'}: cannot make" in refused.stderr
+    assert "== causal ==" not in refused.stdout
     assert _benchmarks("core", "--jobs", "2").returncode == 2  # timed suites run alone
+
+
+def test_a_suite_that_fails_is_named_after_the_others_end(tmp_path, capsys):
+    """Side by side, a suite that raises (here: one that does not exist) is reported with its
+    traceback and named; the others' results are kept."""
+    from benchmarks import _side_by_side
+
+    options = dict(quick=True, short=False, out=tmp_path, allow_dirty=True, started=("x", "y"))
+    took, failed = _side_by_side.side_by_side(["no_such_suite", "closure"], 2, **options)
+    assert failed == ["no_such_suite"] and set(took) == {"closure"}
+    assert "No module named 'benchmarks.no_such_suite'" in capsys.readouterr().out
+    assert (tmp_path / "closure-quick-cpu-cpu.json").exists()
 
 
 @pytest.mark.slow
