@@ -36,7 +36,7 @@ training graphs' longest distance needs); both are then scored on every family a
 `--quick`: BFS's two models (seed 0) and the shortest paths' DEQ (seed 2, whose initial
 orientation is the right one: at seed 0 it takes two epochs of 200 steps to flip), each one epoch
 of 100 steps (`QUICK_RUNS`), the evaluation and controls on two graphs of three families
-(`QUICK_FAMILIES`) at 64 nodes, the dynamics on two families, two distributions on two families, two generators at 64
+(`QUICK_FAMILIES`) at 64 nodes, the dynamics on paths, two distributions on two families, two generators at 64
 nodes and one real graph: it exercises the code only. With `REUSE` set to a folder holding
 BFS's runs at the command's defaults (`deq/` and `explicit/`, as `eqattn train
 --out FOLDER` writes them), it reads those instead of training BFS (the tests share one).
@@ -83,8 +83,9 @@ own: the quick suite is compile-bound)."""
 QUICK_FAMILIES = ("path", "geometric", "delaunay")
 """`--quick`'s families of the evaluation and the controls (a path is deeper than the explicit
 twin at 64 nodes; the geometric and Delaunay graphs are weighted by their geometry)."""
-QUICK_DYNAMICS = ("path", "grid")
-"""`--quick`'s families of the dynamics."""
+QUICK_DYNAMICS = ("path",)
+"""`--quick`'s families of the dynamics (the deepest; each family compiles three programs a
+model: at the rule, unstopped, from random starts)."""
 
 
 def _runs(quick: bool) -> list[tuple[str, str, dict, int, bool]]:
