@@ -263,6 +263,11 @@ _ORDER = sorted(
 )
 
 
+_THROUGH_GPU_COMMAND = "kernel"
+"""The suite run through `benchmarks gpu --dry-run` (one of its steps, and quick)."""
+assert _THROUGH_GPU_COMMAND in {s.name for s in STEPS}
+
+
 def _quick_environment() -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"}
 
@@ -320,14 +325,15 @@ def test_a_suite_that_fails_is_named_after_the_others_end(tmp_path, capsys):
 def test_quick_benchmark_runs(suite, tmp_path, capsys, request):
     # On 2 CPU devices so the multi-device rows run too (timings are not checked here, so the
     # suite's fast-compile flag applies too).
-    # The suites of the GPU command run through its dry run (so the command cannot rot while no
-    # GPU is lent); the others directly. The graphs suite reads the suite's shared BFS runs.
+    # One suite of the GPU command runs through its dry run (so the command cannot rot while no
+    # GPU is lent: its steps start the suites' `--quick` alike); the others directly. The graphs
+    # suite reads the suite's shared BFS runs.
     env = _quick_environment()
     if suite == "graphs":
         from benchmarks.graphs import REUSE
 
         env[REUSE] = str(request.getfixturevalue("graph_runs") / "runs" / "graphs")
-    if suite in {s.name for s in STEPS}:
+    if suite == _THROUGH_GPU_COMMAND:
         command = ["benchmarks", "gpu", "--dry-run", "--step", suite]
     else:
         command = ["benchmarks", suite, "--quick"]
