@@ -26,6 +26,7 @@ from ._training import (
     fit as fit,
     loss as loss,
     make_step as make_step,
+    path_independence as path_independence,
     score as score,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "fit",
     "loss",
     "make_step",
+    "path_independence",
     "prefix_parity",
     "score",
 ]

@@ -106,6 +106,14 @@ class PrefixSumsModel(eqx.Module):
         )
         return cls(nn.ExplicitGraphTransformer(steps), key=km)
 
+    def with_solver(self, solver: Solver) -> PrefixSumsModel:
+        """The DEQ with another solver (e.g. the overthinking control, Picard iteration whose
+        stopping test only an exact fixed point passes: `Picard(rtol=1e-30, atol=0.0,
+        max_steps=4 * budget)`)."""
+        if not isinstance(self.core, nn.ImplicitGraphTransformer):
+            raise TypeError("`with_solver` sets a DEQ's solver; this model is explicit")
+        return eqx.tree_at(lambda m: m.core.solver, self, solver)
+
     @property
     def is_deq(self) -> bool:
         """Whether the core is solved to its fixed point."""

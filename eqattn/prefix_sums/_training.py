@@ -147,6 +147,54 @@ def score(
     }
 
 
+@eqx.filter_jit
+def _from(model: PrefixSumsModel, bits, budget, z0):
+    p = jax.vmap(lambda b, z: model.predict(b, budget=budget, z0=z))(bits, z0)
+    return jnp.argmax(p.logits, -1), p.fixed_point
+
+
+def path_independence(
+    model: PrefixSumsModel,
+    bits: Int[ArrayLike, "batch n"],
+    *,
+    key: PRNGKeyArray,
+    budget: int | None = None,
+    starts: int = 3,
+) -> dict[str, float]:
+    r"""Whether a DEQ's answer depends on where its solve starts: `starts` solves from random
+    states ($\mathcal{N}(0, 1)$ per entry, as training starts) against the solve from zeros;
+    `agree`: the lowest share over the starts of strings answered alike on every bit;
+    `alignment`: the lowest over the starts of the mean cosine between the two fixed points,
+    each string's flattened (the asymptotic alignment of Anil et al. 2022; 1: the same point).
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import prefix_sums
+
+    model = prefix_sums.PrefixSumsModel.deq(8, 2, key=jax.random.key(0))
+    bits = prefix_sums.draw_bits(np.random.default_rng(0), 4, 6)
+    out = prefix_sums.path_independence(model, bits, key=jax.random.key(1))
+    assert 0 <= out["agree"] <= 1 and -1 <= out["alignment"] <= 1
+    ```
+    """
+    if not model.is_deq:
+        raise TypeError("`path_independence` compares a DEQ's solves; this model is explicit")
+    bits = jnp.asarray(bits)
+    dtype = model.encoder.weight.dtype
+    shape = (*bits.shape, model.encoder.weight.shape[0])
+    answer, z = _from(model, bits, budget, jnp.zeros(shape, dtype))
+    agree, align = [], []
+    for k in jax.random.split(key, starts):
+        other, z2 = _from(model, bits, budget, jax.random.normal(k, shape, dtype))
+        agree.append(float(jnp.mean(jnp.all(other == answer, -1))))
+        a, b = z.reshape(len(bits), -1), z2.reshape(len(bits), -1)
+        norms = jnp.linalg.norm(a, axis=1) * jnp.linalg.norm(b, axis=1)
+        align.append(float(jnp.mean(jnp.sum(a * b, 1) / jnp.maximum(norms, 1e-12))))
+    return {"agree": min(agree), "alignment": min(align)}
+
+
 def fit(
     model: PrefixSumsModel,
     *,

@@ -52,6 +52,10 @@ def test_refusals():
         model.predict(jnp.ones((2, 3), int))
     with pytest.raises(TypeError, match="this model is explicit"):
         model.unrolled(jnp.ones(3, int), 2)
+    with pytest.raises(TypeError, match="this model is explicit"):
+        model.with_solver(Picard())
+    with pytest.raises(TypeError, match="this model is explicit"):
+        prefix_sums.path_independence(model, jnp.ones((1, 3), int), key=key)
 
 
 def test_the_deq_answers_at_its_fixed_point_and_the_loss_is_cross_entropy(rng):
@@ -90,12 +94,20 @@ def test_trained_on_short_strings_the_deq_solves_longer_ones():
     assert np.mean(losses[-20:]) < 0.05, losses[-20:]
     bits = prefix_sums.draw_bits(np.random.default_rng(1), 64, 32)
     targets = prefix_sums.prefix_parity(bits)
-    solved = prefix_sums.score(model, bits, targets, budget=4 * 32 + 100)
+    budget = 4 * 32 + 100
+    solved = prefix_sums.score(model, bits, targets, budget=budget)
     tied = prefix_sums.score(model, bits, targets, steps=8 + prefix_sums.EXTRA_STEPS)
     assert solved["converged"] >= 0.9 and solved["strings"] >= 0.95, solved
     assert tied["strings"] < 0.5, tied
-    before = prefix_sums.score(untrained, bits, targets, budget=4 * 32 + 100)
+    before = prefix_sums.score(untrained, bits, targets, budget=budget)
     assert before["strings"] < 0.5, before  # what the layer answers before training
+    # no overthinking: 4x the budget with the stopping test off answers as well
+    unstopped = model.with_solver(Picard(rtol=1e-30, atol=0.0, max_steps=4 * budget))
+    longer = prefix_sums.score(unstopped, bits, targets, budget=4 * budget)
+    assert longer["steps"] == 4 * budget and longer["strings"] >= solved["strings"] - 0.005
+    # path independence: from random starts, the same answers at the same fixed points
+    paths = prefix_sums.path_independence(model, bits, key=jax.random.key(5), budget=budget)
+    assert paths["agree"] >= 0.95 and paths["alignment"] > 0.99, paths
 
 
 STEPS = 400
