@@ -33,8 +33,10 @@ class PrefixSumsModel(eqx.Module):
     $z$ = the core's answer over the string's chain ([`chain`][eqattn.prefix_sums.chain]),
     logits $= W_d z$.
 
-    Build it with [`deq`][eqattn.prefix_sums.PrefixSumsModel.deq] or
-    [`explicit`][eqattn.prefix_sums.PrefixSumsModel.explicit]. `model.predict(bits, budget=,
+    Build it with [`deq`][eqattn.prefix_sums.PrefixSumsModel.deq],
+    [`explicit`][eqattn.prefix_sums.PrefixSumsModel.explicit], or
+    [`matched`][eqattn.prefix_sums.PrefixSumsModel.matched] (the DEQ's explicit twin of equal
+    parameters). `model.predict(bits, budget=,
     z0=)` answers one string ([`nn.Prediction`][eqattn.nn.Prediction]: logits `[n, 2]`, the
     solve's steps and convergence); `model.unrolled(bits, steps, z0=)` runs the DEQ's step a
     fixed number of times instead (the tied control, and training).
@@ -48,7 +50,7 @@ class PrefixSumsModel(eqx.Module):
     model = prefix_sums.PrefixSumsModel.deq(16, 2, key=jax.random.key(0))
     p = model.predict(jnp.array([1, 0, 1, 1]))
     assert p.logits.shape == (4, 2) and p.converged
-    twin = prefix_sums.PrefixSumsModel.explicit(16, 2, depth=3, key=jax.random.key(0))
+    twin = prefix_sums.PrefixSumsModel.matched(model, depth=3, key=jax.random.key(1))
     assert twin.predict(jnp.array([1, 0, 1, 1])).logits.shape == (4, 2)
     ```
     """
@@ -93,18 +95,38 @@ class PrefixSumsModel(eqx.Module):
 
     @classmethod
     def explicit(
-        cls, dim: int, heads: int, *, depth: int, key: PRNGKeyArray, dtype=None
+        cls,
+        dim: int,
+        heads: int,
+        *,
+        depth: int,
+        key: PRNGKeyArray,
+        hidden: int | None = None,
+        dtype=None,
     ) -> PrefixSumsModel:
-        """The explicit twin: `depth` untied steps of the DEQ's shape (its parameters times
-        `depth`; as deep as the training strings are long to see a whole string)."""
+        """The explicit model: `depth` untied steps of `dim` channels, `heads` heads and an
+        MLP of `hidden` units (default `2 * dim`), as deep as a string is long to see all of
+        it. [`matched`][eqattn.prefix_sums.PrefixSumsModel.matched] gives the DEQ's twin."""
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"`depth` must be an int >= 1; got {depth!r}")
         kc, km = jax.random.split(key)
         steps = (
-            nn.GraphTransformerStep(dim, heads, key=k, edge_features=len(EDGE_KINDS), dtype=dtype)
+            nn.GraphTransformerStep(
+                dim, heads, key=k, edge_features=len(EDGE_KINDS), hidden=hidden, dtype=dtype
+            )
             for k in jax.random.split(kc, depth)
         )
         return cls(nn.ExplicitGraphTransformer(steps), key=km)
+
+    @classmethod
+    def matched(
+        cls, deq: PrefixSumsModel, *, depth: int, key: PRNGKeyArray, dtype=None
+    ) -> PrefixSumsModel:
+        """The explicit twin of `deq`: `depth` untied steps with `deq`'s parameters, within 5%
+        (of the shapes that are, the one whose MLP is nearest the usual `2 * dim` units; heads:
+        the most, at most `deq`'s, that divide its `dim`). A `ValueError` if no shape is."""
+        dim, heads, hidden = _twin_shape(deq, depth)
+        return cls.explicit(dim, heads, depth=depth, key=key, hidden=hidden, dtype=dtype)
 
     def with_solver(self, solver: Solver) -> PrefixSumsModel:
         """The DEQ with another solver (e.g. the overthinking control, Picard iteration whose
@@ -146,3 +168,49 @@ class PrefixSumsModel(eqx.Module):
         x, graph = self.code(bits), chain(int(jnp.shape(bits)[0]))
         z = self.core.iterate(x, graph, steps, z0=z0)
         return jax.vmap(self.decoder)(z), z
+
+
+def _size(tree) -> int:
+    """The entries of `tree`'s arrays (or shapes of arrays)."""
+    leaves = jax.tree.leaves(tree)
+    return sum(x.size for x in leaves if isinstance(x, jax.Array | jax.ShapeDtypeStruct))
+
+
+def _twin_shape(deq: PrefixSumsModel, depth: int) -> tuple[int, int, int]:
+    """`(dim, heads, hidden)` of `PrefixSumsModel.matched`. The count is affine in `hidden`
+    and in the depth: four counts of one- and two-step models give a width's best `hidden`."""
+    if not deq.is_deq:
+        raise TypeError("`matched` takes a DEQ's parameters; this model is explicit")
+    step = deq.core.step  # type: ignore[union-attr]
+    target = _size(deq)
+
+    def count(dim: int, heads: int, hidden: int) -> int:
+        """The parameters of `depth` steps (from those of one and two)."""
+        one, two = (
+            _size(
+                eqx.filter_eval_shape(
+                    lambda d=d: PrefixSumsModel.explicit(
+                        dim, heads, depth=d, key=jax.random.key(0), hidden=hidden
+                    )
+                )
+            )
+            for d in (1, 2)
+        )
+        return one + (depth - 1) * (two - one)
+
+    found = []
+    for dim in range(1, step.dim + 1):
+        heads = max(h for h in range(1, step.num_heads + 1) if dim % h == 0)
+        one, two = count(dim, heads, 1), count(dim, heads, 2)
+        if one > 1.05 * target:  # wider only adds parameters
+            break
+        hidden = max(1, round(1 + (target - one) / (two - one)))
+        off = abs(one + (hidden - 1) * (two - one) - target) / target
+        if off <= 0.05:
+            found.append((abs(hidden - 2 * dim), -dim, (dim, heads, hidden)))
+    if not found:
+        raise ValueError(
+            f"no explicit model of {depth} steps comes within 5% of the DEQ's {target:,} "
+            "parameters; choose another `depth`"
+        )
+    return min(found)[2]

@@ -55,6 +55,8 @@ def test_refusals():
     with pytest.raises(TypeError, match="this model is explicit"):
         model.with_solver(Picard())
     with pytest.raises(TypeError, match="this model is explicit"):
+        prefix_sums.PrefixSumsModel.matched(model, depth=2, key=key)
+    with pytest.raises(TypeError, match="this model is explicit"):
         prefix_sums.path_independence(model, jnp.ones((1, 3), int), key=key)
 
 
@@ -79,6 +81,21 @@ def test_the_deq_answers_at_its_fixed_point_and_the_loss_is_cross_entropy(rng):
     leaves = jax.tree.leaves(eqx.filter(grads, eqx.is_array))
     assert all(np.isfinite(g).all() for g in leaves)
     assert all(np.abs(g).max() > 0 for g in leaves if g.size > 1)
+
+
+def test_the_explicit_twin_has_the_deqs_parameters():
+    """`PrefixSumsModel.matched`: `depth` untied steps within 5% of the DEQ's parameters
+    (counted here from the arrays), the MLP nearest the usual ratio; none within 5% is refused."""
+    count = lambda m: sum(x.size for x in jax.tree.leaves(eqx.filter(m, eqx.is_array)))  # noqa: E731
+    for dim, heads, depth in ((16, 2, 12), (8, 2, 3), (8, 2, 1)):
+        deq = prefix_sums.PrefixSumsModel.deq(dim, heads, key=jax.random.key(0))
+        twin = prefix_sums.PrefixSumsModel.matched(deq, depth=depth, key=jax.random.key(1))
+        assert not twin.is_deq and len(twin.core.steps) == depth
+        assert abs(count(twin) - count(deq)) <= 0.05 * count(deq), (dim, depth)
+    assert twin.core.steps[0].dim == 8 and twin.core.steps[0].mlp.width_size == 16  # the DEQ's
+    small = prefix_sums.PrefixSumsModel.deq(2, 1, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="no explicit model of 100 steps comes within 5%"):
+        prefix_sums.PrefixSumsModel.matched(small, depth=100, key=jax.random.key(1))
 
 
 @pytest.mark.float32
