@@ -36,6 +36,7 @@ SUITES = (
     "graphs",
     "graphs_engine",
     "spanning",
+    "reasoning",
 )
 
 

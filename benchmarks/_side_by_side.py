@@ -20,6 +20,7 @@ from ._harness import write_results
 
 SLOWEST_FIRST = (
     "graphs",
+    "reasoning",
     "text",
     "text_frontier",
     "spanning",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -305,6 +306,24 @@ def _spanning(fig, rows):
         _lines(ax, series, "entries carried (k)", "nodes tied (%)", title, logy=False)
 
 
+def _reasoning(fig, rows):
+    axes = fig.subplots(1, 2)
+    sizes = [r for r in rows if r["part"] == "size"]
+    median = lambda rs, x: [  # noqa: E731
+        (v, 100 * statistics.median([r["strings"] for r in rs if r[x] == v]))
+        for v in sorted({r[x] for r in rs})
+    ]
+    cases = dict.fromkeys(r["case"] for r in sizes)
+    series = {c: median([r for r in sizes if r["case"] == c], "n") for c in cases}
+    _lines(axes[0], series, "bits", "strings right (%)", "prefix sums against size", logy=False)
+    budget = [r for r in rows if r["part"] == "budget"]
+    if budget:
+        n = budget[0]["n"]
+        series = {"deq": median(budget, "budget")}
+        _lines(axes[1], series, "solver steps", "strings right (%)", f"the DEQ at {n} bits",
+               logy=False)  # fmt: skip
+
+
 PLOTS = {
     "core": _core,
     "causal": _causal,
@@ -321,6 +340,7 @@ PLOTS = {
     "graphs": _graphs,
     "graphs_engine": _graphs_engine,
     "spanning": _spanning,
+    "reasoning": _reasoning,
 }
 
 

@@ -237,7 +237,32 @@ def _check_graphs_engine(payload):
     assert table(payload).startswith("| graph | n | edges | graph_attention fwd+bwd")
 
 
+def _check_reasoning(payload):
+    """Every control at every size; the twin has the DEQ's parameters; the DEQ's overthinking
+    control ran its 4x budget; path independence and the budget sweep are there."""
+    rows = payload["rows"]
+    runs = {r["case"]: r for r in rows if r["part"] == "run"}
+    assert set(runs) == {"deq", "explicit twin"}
+    assert (
+        abs(runs["explicit twin"]["params"] - runs["deq"]["params"]) <= 0.05 * runs["deq"]["params"]
+    )
+    sizes = [r for r in rows if r["part"] == "size"]
+    assert {r["case"] for r in sizes} == {
+        "deq", "untrained", "tied x8", "4x budget, no stop", "explicit twin"
+    }  # fmt: skip
+    assert all(0 <= r["strings"] <= r["bits"] <= 1 for r in sizes)
+    unstopped = next(r for r in sizes if r["case"] == "4x budget, no stop")
+    assert unstopped["steps"] == 4 * (4 * unstopped["n"] + 100)
+    paths = [r for r in rows if r["part"] == "paths"]
+    assert paths and all(0 <= r["agree"] <= 1 for r in paths)
+    assert [r["budget"] for r in rows if r["part"] == "budget"] == [4, 16]
+    from benchmarks.reasoning import table
+
+    assert table(payload).startswith("| prefix sums: strings right | 12 bits |")
+
+
 CHECKS = {
+    "reasoning": _check_reasoning,
     "graphs": _check_graphs,
     "graphs_engine": _check_graphs_engine,
     "spanning": _check_spanning,

@@ -293,9 +293,23 @@ class ExplicitGraphTransformer(eqx.Module):
         self.steps = steps
 
     def __call__(self, x: Float[ArrayLike, "n dim"], graph: Graph) -> Float[Array, "n dim"]:
-        """$z_{\\mathrm{depth}}$ from $z_0 = 0$."""
+        """$z_{\\mathrm{depth}}$ from $z_0 = 0$. Steps of one structure (the usual case) run
+        as a `lax.scan` over their stacked parameters: one step is compiled, however deep."""
         code, graph = _check_inputs(self.steps[0], x, graph)
         z = jnp.zeros_like(code)
-        for step in self.steps:
-            z = step(z, code, graph)
-        return z
+        parts = [eqx.partition(step, eqx.is_array) for step in self.steps]
+        shapes = {
+            (jax.tree.structure(p), tuple((a.shape, a.dtype) for a in jax.tree.leaves(p)))
+            for p, _ in parts
+        }
+        if len(shapes) > 1 or any(not eqx.tree_equal(st, parts[0][1]) for _, st in parts):
+            for step in self.steps:  # steps of different shapes (MLP widths): one by one
+                z = step(z, code, graph)
+            return z
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *(p for p, _ in parts))
+        static = parts[0][1]
+
+        def body(z, params):
+            return eqx.combine(params, static)(z, code, graph), None
+
+        return jax.lax.scan(body, z, stacked)[0]

@@ -136,8 +136,9 @@ def score(
     strings, answers = jnp.asarray(bits), jnp.asarray(targets)
     if steps is not None:
         logits, solver_steps, converged = _tied(model, strings, steps), steps, jnp.nan
-    else:
-        logits, solver_steps, converged = _solved(model, strings, budget)
+    else:  # the budget traced: one program for every budget
+        traced = None if budget is None else jnp.asarray(budget, jnp.int32)
+        logits, solver_steps, converged = _solved(model, strings, traced)
     right = jnp.argmax(logits, -1) == answers
     return {
         "strings": float(jnp.mean(jnp.all(right, -1))),

@@ -157,6 +157,32 @@ def test_batches_under_vmap_and_a_short_budget_is_reported(rng):
     assert jax.vmap(stack)(x, graphs).shape == (2, N, DIM)
 
 
+def test_the_explicit_twin_applies_its_steps_in_turn(rng):
+    """The untied steps run as a scan over their stacked parameters (steps of one shape), or
+    one by one (MLPs of different widths): both are the steps applied in turn from zeros; the
+    scan's gradient is theirs."""
+    graph, x = _graph(rng), jnp.asarray(rng.normal(size=(N, DIM)))
+    keys = jax.random.split(jax.random.key(6), 3)
+    same = [_step(k) for k in keys]
+    mixed = [*same[:2], nn.GraphTransformerStep(DIM, HEADS, edge_features=F, key=keys[2], hidden=5)]
+
+    def in_turn(steps):
+        z = jnp.zeros_like(x)
+        for step in steps:
+            z = step(z, x, graph)
+        return jnp.sum(jnp.sin(z))
+
+    def stacked(steps):
+        return jnp.sum(jnp.sin(nn.ExplicitGraphTransformer(steps)(x, graph)))
+
+    both = lambda f: eqx.filter_jit(eqx.filter_value_and_grad(f))  # noqa: E731
+    (value, grads), (want, want_grads) = both(stacked)(same), both(in_turn)(same)
+    np.testing.assert_allclose(value, want, rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(stacked(mixed), in_turn(mixed), rtol=1e-12)
+
+
 @pytest.mark.bad_input
 def test_refusals(rng):
     with pytest.raises(ValueError, match="`num_heads` \\(3\\) must divide `dim` \\(8\\)"):
