@@ -179,5 +179,5 @@ def table(payload) -> str:
         for c in dict.fromkeys(r["case"] for r in runs)
         for rs in [[r for r in runs if r["case"] == c]]
     ]  # fmt: skip
-    header = ["model", "params", "width", "steps (depth)", "training s", "final loss"]
+    header = ["model", "params", "width", "untied steps", "training s", "final loss"]
     return out + "\n\n" + markdown_table(header, body)

@@ -36,10 +36,10 @@ class PrefixSumsModel(eqx.Module):
     Build it with [`deq`][eqattn.prefix_sums.PrefixSumsModel.deq],
     [`explicit`][eqattn.prefix_sums.PrefixSumsModel.explicit], or
     [`matched`][eqattn.prefix_sums.PrefixSumsModel.matched] (the DEQ's explicit twin of equal
-    parameters). `model.predict(bits, budget=,
-    z0=)` answers one string ([`nn.Prediction`][eqattn.nn.Prediction]: logits `[n, 2]`, the
-    solve's steps and convergence); `model.unrolled(bits, steps, z0=)` runs the DEQ's step a
-    fixed number of times instead (the tied control, and training).
+    parameters). `model.predict(bits, budget=, z0=)` answers one string
+    ([`nn.Prediction`][eqattn.nn.Prediction]: logits `[n, 2]`, the solve's steps and
+    convergence); `model.unrolled(bits, steps, z0=)` runs the DEQ's step a fixed number of
+    times instead (the tied control, and training).
 
     **Example:**
 
