@@ -32,8 +32,7 @@ import time
 import jax
 import numpy as np
 
-from eqattn import prefix_sums
-from eqattn._solve import Picard
+from eqattn import Picard, prefix_sums
 
 from ._harness import markdown_table, print_table
 
