@@ -1,12 +1,12 @@
 """`reasoning`: the generic equilibrium layer on a reasoning task, trained small and asked far
 larger: prefix sums (`eqattn.prefix_sums`, a bit string's running parity), with every control.
 
-Per seed (0 to 2): the DEQ (`PrefixSumsModel.deq`, 32 channels, 4 heads: one
-`nn.ImplicitGraphTransformer` over the string's chain) trained by `prefix_sums.fit` (2000 steps
-of 32 strings, 8 to 32 bits, the lengths in turn) and its explicit twin of equal parameters
-(`PrefixSumsModel.matched`: 36 untied steps, as many as the DEQ's training runs on 32 bits,
-trained alike); then on 64 fresh strings of each of 32, 64, 128, 256 and 512 bits, the share of
-strings with every bit right (and of bits) of:
+Per seed (0 to 2): the DEQ and its explicit twin of equal parameters trained as
+`eqattn train --task prefix-sums --seed S` trains them (`PrefixSumsTask` through `train.train`:
+32 channels, 4 heads, 4 epochs of 500 steps, each step 8 strings of each of 8, 16, 24 and 32
+bits; the twin `PrefixSumsModel.matched`'s, 36 untied steps, as many as the DEQ's training runs
+on 32 bits), the last epoch's models; then on 64 fresh strings of each of 32, 64, 128, 256 and
+512 bits, the share of strings with every bit right (and of bits) of:
 
 - the DEQ solved to its fixed point within 4 n + 100 steps (its steps and convergence);
 - the untrained DEQ, solved alike (what the layer answers before training);
@@ -26,25 +26,23 @@ a twin of 8 steps: it exercises the code only.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-import time
+import tempfile
+from pathlib import Path
 
 import jax
 import numpy as np
 
-from eqattn import Picard, prefix_sums
+from eqattn import Picard, prefix_sums, train
 
 from ._harness import markdown_table, print_table
 
 SEEDS = (0, 1, 2)
-FULL = dict(dim=32, heads=4, steps=2000, lengths=(8, 16, 24, 32), sizes=(32, 64, 128, 256, 512),
-            strings=64, budgets=(128, 256, 512, 1024, 2048))  # fmt: skip
-QUICK = dict(dim=8, heads=2, steps=20, lengths=(4,), sizes=(12,), strings=8, budgets=(4, 16))
-
-
-def budget_for(n: int) -> int:
-    """The solve's step budget on strings of `n` bits."""
-    return 4 * n + 100
+FULL = dict(config={}, sizes=(32, 64, 128, 256, 512), strings=64,
+            budgets=(128, 256, 512, 1024, 2048))  # fmt: skip
+QUICK = dict(config=dict(dim=8, heads=2, lengths=(4,), epochs=1, epoch_steps=20, test_strings=8),
+             sizes=(12,), strings=8, budgets=(4, 16))  # fmt: skip
 
 
 def _unstopped(model, steps: int):
@@ -57,7 +55,7 @@ def _sizes(seed: int, s: dict, deq, untrained, twin, depth: int) -> list[dict]:
     rows = []
     for n in s["sizes"]:
         bits = prefix_sums.draw_bits(np.random.default_rng(10_000 + n), s["strings"], n)
-        targets, budget = prefix_sums.prefix_parity(bits), budget_for(n)
+        targets, budget = prefix_sums.prefix_parity(bits), prefix_sums.budget_for(n)
         cases = {
             "deq": prefix_sums.score(deq, bits, targets, budget=budget),
             "untrained": prefix_sums.score(untrained, bits, targets, budget=budget),
@@ -79,28 +77,35 @@ def _sizes(seed: int, s: dict, deq, untrained, twin, depth: int) -> list[dict]:
     return rows
 
 
+def _trained(config: prefix_sums.PrefixSumsConfig, folder: Path):
+    """The run `eqattn train --task prefix-sums` makes of `config`: its last model and a row."""
+    run = folder / config.model
+    metrics = train.train(prefix_sums.PrefixSumsTask(config), run, progress="off")
+    model = prefix_sums.load_model(run)
+    step = model.core.step if model.is_deq else model.core.steps[0]
+    last = metrics["history"][-1]
+    row = dict(part="run", case="deq" if model.is_deq else "explicit twin", seed=config.seed,
+               train_s=metrics["train_time_s"], compile_s=metrics["compile_time_s"],
+               params=metrics["params"], dim=step.dim, heads=step.num_heads,
+               hidden=step.mlp.width_size, depth=1 if model.is_deq else len(model.core.steps),
+               final_loss=last["loss"], validation=last["validation_accuracy"])  # fmt: skip
+    return model, row
+
+
 def _seed(seed: int, s: dict) -> list[dict]:
     """One seed's training runs and scores."""
-    key = jax.random.key(seed)
-    untrained = prefix_sums.PrefixSumsModel.deq(s["dim"], s["heads"], key=key)
-    depth = max(s["lengths"]) + prefix_sums.EXTRA_STEPS
-    twin0 = prefix_sums.PrefixSumsModel.matched(
-        untrained, depth=depth, key=jax.random.key(seed + 100)
-    )
+    deq_config = prefix_sums.PrefixSumsConfig(seed=seed, **s["config"])
+    untrained = train.initial_model(prefix_sums.PrefixSumsTask.build_model, deq_config)
     rows, trained = [], {}
-    for name, model in (("deq", untrained), ("explicit twin", twin0)):
-        t0 = time.perf_counter()
-        fit = dict(steps=s["steps"], lengths=s["lengths"], seed=seed)
-        trained[name], losses = prefix_sums.fit(model, **fit)
-        step = model.core.step if model.is_deq else model.core.steps[0]
-        rows.append(
-            dict(part="run", case=name, seed=seed, train_s=time.perf_counter() - t0,
-                 params=sum(x.size for x in jax.tree.leaves(model) if isinstance(x, jax.Array)),
-                 dim=step.dim, heads=step.num_heads, hidden=step.mlp.width_size,
-                 depth=1 if model.is_deq else depth, final_loss=float(np.mean(losses[-40:])))
-        )  # fmt: skip
-        jax.clear_caches()
-    return rows + _sizes(seed, s, trained["deq"], untrained, trained["explicit twin"], depth)
+    with tempfile.TemporaryDirectory() as folder:
+        for model in ("deq", "explicit"):
+            config = dataclasses.replace(deq_config, model=model)
+            trained[model], row = _trained(config, Path(folder))
+            rows.append(row)
+            jax.clear_caches()
+    depth = deq_config.depth
+    assert depth is not None
+    return rows + _sizes(seed, s, trained["deq"], untrained, trained["explicit"], depth)
 
 
 def run(quick: bool = False) -> tuple[list[dict], dict]:
@@ -110,8 +115,9 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
         rows += _seed(seed, settings)
         jax.clear_caches()
     _print(rows)
+    config = prefix_sums.PrefixSumsConfig(**settings["config"]).to_dict()
     meta = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
-    return rows, {"settings": meta, "seeds": [0] if quick else list(SEEDS)}
+    return rows, {"settings": meta | {"config": config}, "seeds": [0] if quick else list(SEEDS)}
 
 
 def _median(values) -> float:

@@ -15,7 +15,12 @@ from ._adjoints import (
     SharedInverse as SharedInverse,
     Unrolled as Unrolled,
 )
-from ._backends import ForwardSolve as ForwardSolve, JaxoptSolver as JaxoptSolver, Solver as Solver
+from ._backends import (
+    ForwardSolve as ForwardSolve,
+    JaxoptSolver as JaxoptSolver,
+    Solver as Solver,
+    tolerances as tolerances,
+)
 from ._equilibrium import (
     RESULTS as RESULTS,
     Equilibrium as Equilibrium,

@@ -8,10 +8,11 @@ import re
 import types
 import typing
 
-from .. import digits, graphs, text, train
+from .. import digits, graphs, prefix_sums, text, train
 
 TASKS: dict[str, type[train.AbstractTask]] = {
-    t.name: t for t in (graphs.GraphTask, digits.DigitsTask, text.TextTask)
+    t.name: t
+    for t in (graphs.GraphTask, digits.DigitsTask, text.TextTask, prefix_sums.PrefixSumsTask)
 }
 """The tasks `eqattn train --task` knows."""
 DEFAULT_TASK = "graphs"

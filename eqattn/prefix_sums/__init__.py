@@ -14,18 +14,29 @@ print(prefix_sums.score(model, bits, prefix_sums.prefix_parity(bits), budget=4 *
 ```
 """
 
+from ._config import PrefixSumsConfig as PrefixSumsConfig
 from ._data import (
     EDGE_KINDS as EDGE_KINDS,
     chain as chain,
+    draw_batch as draw_batch,
     draw_bits as draw_bits,
     prefix_parity as prefix_parity,
 )
 from ._model import PrefixSumsModel as PrefixSumsModel
+from ._task import (
+    LONGER as LONGER,
+    PrefixSumsTask as PrefixSumsTask,
+    budget_for as budget_for,
+    evaluate_lengths as evaluate_lengths,
+    load_model as load_model,
+)
 from ._training import (
     EXTRA_STEPS as EXTRA_STEPS,
     fit as fit,
     loss as loss,
+    loss_and_stats as loss_and_stats,
     make_step as make_step,
+    mixed_loss as mixed_loss,
     path_independence as path_independence,
     score as score,
 )
@@ -33,12 +44,21 @@ from ._training import (
 __all__ = [
     "EDGE_KINDS",
     "EXTRA_STEPS",
+    "LONGER",
+    "PrefixSumsConfig",
     "PrefixSumsModel",
+    "PrefixSumsTask",
+    "budget_for",
     "chain",
+    "draw_batch",
     "draw_bits",
+    "evaluate_lengths",
     "fit",
+    "load_model",
     "loss",
+    "loss_and_stats",
     "make_step",
+    "mixed_loss",
     "path_independence",
     "prefix_parity",
     "score",

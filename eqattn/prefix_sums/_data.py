@@ -32,6 +32,28 @@ def draw_bits(rng: np.random.Generator, count: int, length: int) -> Int[np.ndarr
     return rng.integers(0, 2, (count, length)).astype(np.int32)
 
 
+def draw_batch(
+    rng: np.random.Generator, count: int, lengths: tuple[int, ...]
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """One training step's strings: `count` fresh strings of each of `lengths` bits, and their
+    running parities, as two tuples of `[count, n]` arrays (one per length).
+
+    **Example:**
+
+    ```python
+    import numpy as np
+    from eqattn import prefix_sums
+
+    bits, targets = prefix_sums.draw_batch(np.random.default_rng(0), 2, (4, 8))
+    assert [b.shape for b in bits] == [(2, 4), (2, 8)] and targets[1].shape == (2, 8)
+    ```
+    """
+    if not lengths:
+        raise ValueError("`lengths` must name at least one string length; got none")
+    bits = tuple(draw_bits(rng, count, n) for n in lengths)
+    return bits, tuple(prefix_parity(b) for b in bits)
+
+
 def prefix_parity(bits: Int[ArrayLike, "*batch n"]) -> Int[np.ndarray, "*batch n"]:
     r"""The running parity $y_i = (\sum_{j \le i} b_j) \bmod 2$ of each string (the target).
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .. import nn
-from .._solve import Picard, Solver
+from .._solve import AbstractAdjoint, Picard, Solver
 from ._data import EDGE_KINDS, chain
 
 Core = nn.ImplicitGraphTransformer | nn.ExplicitGraphTransformer
@@ -82,16 +82,26 @@ class PrefixSumsModel(eqx.Module):
 
     @classmethod
     def deq(
-        cls, dim: int, heads: int, *, key: PRNGKeyArray, solver: Solver | None = None, dtype=None
+        cls,
+        dim: int,
+        heads: int,
+        *,
+        key: PRNGKeyArray,
+        solver: Solver | None = None,
+        adjoint: AbstractAdjoint | None = None,
+        dtype=None,
     ) -> PrefixSumsModel:
         """The DEQ: one step of `dim` channels and `heads` heads, solved by `solver` (default
-        Picard iteration to a relative residual of 1e-4 within 4096 steps)."""
+        Picard iteration to a relative residual of 1e-4 within 4096 steps), differentiated by
+        `adjoint` (default the implicit adjoint, as
+        [`nn.ImplicitGraphTransformer`][eqattn.nn.ImplicitGraphTransformer]'s)."""
         kc, km = jax.random.split(key)
         step = nn.GraphTransformerStep(
             dim, heads, key=kc, edge_features=len(EDGE_KINDS), dtype=dtype
         )
         solver = Picard(rtol=1e-4, max_steps=4096) if solver is None else solver
-        return cls(nn.ImplicitGraphTransformer(step, solver=solver), key=km)
+        core = nn.ImplicitGraphTransformer(step, solver=solver, adjoint=adjoint)
+        return cls(core, key=km)
 
     @classmethod
     def explicit(
@@ -125,7 +135,7 @@ class PrefixSumsModel(eqx.Module):
         """The explicit twin of `deq`: `depth` untied steps with `deq`'s parameters, within 5%
         (of the shapes that are, the one whose MLP is nearest the usual `2 * dim` units; heads:
         the most, at most `deq`'s, that divide its `dim`). A `ValueError` if no shape is."""
-        dim, heads, hidden = _twin_shape(deq, depth)
+        dim, heads, hidden = twin_shape(deq, depth)
         return cls.explicit(dim, heads, depth=depth, key=key, hidden=hidden, dtype=dtype)
 
     def with_solver(self, solver: Solver) -> PrefixSumsModel:
@@ -176,7 +186,13 @@ def _size(tree) -> int:
     return sum(x.size for x in leaves if isinstance(x, jax.Array | jax.ShapeDtypeStruct))
 
 
-def _twin_shape(deq: PrefixSumsModel, depth: int) -> tuple[int, int, int]:
+def twin_heads(dim: int, at_most: int) -> int:
+    """The heads of a twin step of `dim` channels: the most, at most `at_most`, that divide
+    `dim`."""
+    return max(h for h in range(1, at_most + 1) if dim % h == 0)
+
+
+def twin_shape(deq: PrefixSumsModel, depth: int) -> tuple[int, int, int]:
     """`(dim, heads, hidden)` of `PrefixSumsModel.matched`. The count is affine in `hidden`
     and in the depth: four counts of one- and two-step models give a width's best `hidden`."""
     if not deq.is_deq:
@@ -200,7 +216,7 @@ def _twin_shape(deq: PrefixSumsModel, depth: int) -> tuple[int, int, int]:
 
     found = []
     for dim in range(1, step.dim + 1):
-        heads = max(h for h in range(1, step.num_heads + 1) if dim % h == 0)
+        heads = twin_heads(dim, step.num_heads)
         one, two = count(dim, heads, 1), count(dim, heads, 2)
         if one > 1.05 * target:  # wider only adds parameters
             break

@@ -11,7 +11,7 @@ at any length.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -20,7 +20,8 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Int, PRNGKeyArray
 
-from ._data import draw_bits, prefix_parity
+from .._solve import tolerances
+from ._data import draw_batch
 from ._model import PrefixSumsModel
 
 EXTRA_STEPS = 4
@@ -29,6 +30,70 @@ EXTRA_STEPS = 4
 
 def _cross_entropy(logits, targets) -> Array:
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
+
+
+Stats = tuple[Array, Array, Array, Array]
+r"""A training loss's statistics: the share of strings with every bit right, and for a DEQ the
+mean steps run, the mean relative residual of its last state ($\lVert f(z) - z\rVert /
+\lVert f(z)\rVert$) and the share of strings whose state passes the solver's test (relative
+tolerance only); an explicit model's are 0, 0 and 1."""
+
+
+def _deq_logits(model: PrefixSumsModel, bits, key, extra: int):
+    """The DEQ's logits after a random partial solve and `n + extra` steps (module docstring),
+    and the statistics of its last states."""
+    n = bits.shape[1]
+    kp, kz, ks = jax.random.split(key, 3)
+    warm = jax.random.randint(kp, (), 0, n + 1)
+    scale = jax.random.bernoulli(ks).astype(model.encoder.weight.dtype)
+    dim = model.encoder.weight.shape[0]
+    z0 = scale * jax.random.normal(kz, (*bits.shape, dim), model.encoder.weight.dtype)
+    params, static = eqx.partition(model, eqx.is_array)
+    frozen = eqx.combine(jax.lax.stop_gradient(params), static)
+    start = jax.vmap(lambda b, z: frozen.unrolled(b, warm, z0=z)[1])(bits, z0)
+    logits, z = jax.vmap(lambda b, z: model.unrolled(b, n + extra, z0=z))(bits, start)
+    fz = jax.vmap(lambda b, z: frozen.unrolled(b, 1, z0=z)[1])(bits, jax.lax.stop_gradient(z))
+    norm = lambda a: jnp.linalg.norm(a.reshape(len(bits), -1), axis=1)  # noqa: E731
+    residual = norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny)
+    rtol = tolerances(model.core.solver)[0]  # type: ignore[union-attr]
+    steps = (warm + n + extra).astype(residual.dtype)
+    return logits, (steps, jnp.mean(residual), jnp.mean(residual <= rtol))
+
+
+def loss_and_stats(
+    model: PrefixSumsModel,
+    bits: Int[ArrayLike, "batch n"],
+    targets: Int[ArrayLike, "batch n"],
+    key: PRNGKeyArray,
+    *,
+    extra: int = EXTRA_STEPS,
+) -> tuple[Array, Stats]:
+    """The batch's mean cross-entropy and its `Stats`: a DEQ's after a random partial solve and
+    `n + extra` steps with gradient (module docstring), an explicit model's of its output.
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import prefix_sums
+
+    model = prefix_sums.PrefixSumsModel.deq(8, 2, key=jax.random.key(0))
+    bits = prefix_sums.draw_bits(np.random.default_rng(0), 2, 5)
+    targets = prefix_sums.prefix_parity(bits)
+    value, (right, steps, residual, converged) = prefix_sums.loss_and_stats(
+        model, bits, targets, jax.random.key(1)
+    )
+    assert 0 <= right <= 1 and 5 + prefix_sums.EXTRA_STEPS <= steps <= 2 * 5 + 4
+    ```
+    """
+    bits, targets = jnp.asarray(bits), jnp.asarray(targets)
+    if model.is_deq:
+        logits, (steps, residual, converged) = _deq_logits(model, bits, key, extra)
+    else:
+        logits = jax.vmap(lambda b: model.predict(b).logits)(bits)
+        steps, residual, converged = jnp.array(0.0), jnp.array(0.0), jnp.array(1.0)
+    right = jnp.mean(jnp.all(jnp.argmax(logits, -1) == targets, -1))
+    return _cross_entropy(logits, targets), (right, steps, residual, converged)
 
 
 def loss(
@@ -52,25 +117,47 @@ def loss(
     assert value.shape == () and value > 0
     ```
     """
-    bits, targets = jnp.asarray(bits), jnp.asarray(targets)
-    if not model.is_deq:
-        logits = jax.vmap(lambda b: model.predict(b).logits)(bits)
-        return _cross_entropy(logits, targets)
-    n = bits.shape[1]
-    kp, kz, ks = jax.random.split(key, 3)
-    warm = jax.random.randint(kp, (), 0, n + 1)
-    scale = jax.random.bernoulli(ks).astype(model.encoder.weight.dtype)
-    dim = model.encoder.weight.shape[0]
-    z0 = scale * jax.random.normal(kz, (*bits.shape, dim), model.encoder.weight.dtype)
-    params, static = eqx.partition(model, eqx.is_array)
-    frozen = eqx.combine(jax.lax.stop_gradient(params), static)
-    start = jax.vmap(lambda b, z: frozen.unrolled(b, warm, z0=z)[1])(bits, z0)
-    logits = jax.vmap(lambda b, z: model.unrolled(b, n + EXTRA_STEPS, z0=z)[0])(bits, start)
-    return _cross_entropy(logits, targets)
+    return loss_and_stats(model, bits, targets, key)[0]
 
 
-def make_step(optimizer: optax.GradientTransformation) -> Callable:
-    """`step(model, opt_state, bits, targets, key) -> (model, opt_state, loss)`, compiled.
+def mixed_loss(
+    model: PrefixSumsModel,
+    bits: Sequence[Int[ArrayLike, "batch _"]],
+    targets: Sequence[Int[ArrayLike, "batch _"]],
+    key: PRNGKeyArray,
+    *,
+    extra: int = EXTRA_STEPS,
+) -> tuple[Array, Stats]:
+    """A step's loss over strings of several lengths (`draw_batch`): the mean over the lengths
+    of `loss_and_stats`, each length weighing alike, and the mean of their statistics.
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import prefix_sums
+
+    model = prefix_sums.PrefixSumsModel.deq(8, 2, key=jax.random.key(0))
+    bits, targets = prefix_sums.draw_batch(np.random.default_rng(0), 2, (4, 6))
+    value, stats = prefix_sums.mixed_loss(model, bits, targets, jax.random.key(1))
+    assert value.shape == () and len(stats) == 4
+    ```
+    """
+    if len(bits) != len(targets) or not bits:
+        raise ValueError(
+            f"`bits` and `targets` must hold one batch per length, alike; got {len(bits)} and "
+            f"{len(targets)}"
+        )
+    keys = jax.random.split(key, len(bits))
+    parts = [loss_and_stats(model, b, t, k, extra=extra) for b, t, k in zip(bits, targets, keys)]
+    mean = lambda *xs: jnp.mean(jnp.stack(xs))  # noqa: E731
+    return mean(*(p[0] for p in parts)), jax.tree.map(mean, *(p[1] for p in parts))
+
+
+def make_step(optimizer: optax.GradientTransformation, *, extra: int = EXTRA_STEPS) -> Callable:
+    """`step(model, opt_state, bits, targets, key) -> (model, opt_state, loss, stats)`,
+    compiled: one optimizer step on `mixed_loss` (`bits`, `targets`: one batch per length, as
+    `draw_batch` gives them).
 
     **Example:**
 
@@ -81,17 +168,19 @@ def make_step(optimizer: optax.GradientTransformation) -> Callable:
     model = prefix_sums.PrefixSumsModel.explicit(8, 2, depth=2, key=jax.random.key(0))
     optimizer = optax.adamw(1e-3)
     state = optimizer.init(eqx.filter(model, eqx.is_array))
-    bits = prefix_sums.draw_bits(np.random.default_rng(0), 2, 5)
+    bits, targets = prefix_sums.draw_batch(np.random.default_rng(0), 2, (4, 5))
     step = prefix_sums.make_step(optimizer)
-    model, state, value = step(model, state, bits, prefix_sums.prefix_parity(bits), jax.random.key(1))
+    model, state, value, (right, *_) = step(model, state, bits, targets, jax.random.key(1))
     ```
     """
 
     @eqx.filter_jit
     def step(model, opt_state, bits, targets, key):
-        value, grads = eqx.filter_value_and_grad(loss)(model, bits, targets, key)
+        (value, stats), grads = eqx.filter_value_and_grad(
+            lambda m: mixed_loss(m, bits, targets, key, extra=extra), has_aux=True
+        )(model)
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
-        return eqx.apply_updates(model, updates), opt_state, value
+        return eqx.apply_updates(model, updates), opt_state, value, stats
 
     return step
 
@@ -201,14 +290,16 @@ def fit(
     *,
     steps: int,
     lengths: tuple[int, ...] = (8, 16, 24, 32),
-    batch: int = 32,
+    batch: int = 8,
     lr: float = 1e-3,
     clip: float = 1.0,
     seed: int = 0,
 ) -> tuple[PrefixSumsModel, list[float]]:
     """`steps` optimizer steps (AdamW at `lr` after clipping the gradient's global norm to
-    `clip`), each on `batch` fresh strings of one length, the lengths taken in turn: the
-    trained model and each step's loss.
+    `clip`), each on `batch` fresh strings of every one of `lengths` (`draw_batch`): the trained
+    model and each step's loss. (`eqattn train --task prefix-sums` trains the same step with a
+    warm-up and cosine schedule, checkpoints and evaluation:
+    [`PrefixSumsTask`][eqattn.prefix_sums.PrefixSumsTask].)
 
     **Example:**
 
@@ -227,9 +318,9 @@ def fit(
     opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
     step, rng, key = make_step(optimizer), np.random.default_rng(seed), jax.random.key(seed)
     losses = []
-    for i in range(steps):
-        bits = draw_bits(rng, batch, lengths[i % len(lengths)])
+    for _ in range(steps):
+        bits, targets = draw_batch(rng, batch, tuple(lengths))
         key, sub = jax.random.split(key)
-        model, opt_state, value = step(model, opt_state, bits, prefix_parity(bits), sub)
+        model, opt_state, value, _ = step(model, opt_state, bits, targets, sub)
         losses.append(float(value))
     return model, losses

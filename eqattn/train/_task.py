@@ -14,6 +14,7 @@ import numpy as np
 
 from ._config import Config
 from ._evaluation import budgets
+from ._models import with_shape
 from ._placement import Placement
 
 
@@ -97,6 +98,14 @@ class AbstractTask(abc.ABC):
     def warm_start(self) -> bool:
         """Whether each training example's solve starts from its previous fixed point."""
         return False
+
+    @classmethod
+    def with_shape(cls, config: Config) -> Config:
+        """`config` with the explicit model's width and MLP ratio filled in (what a new run
+        records, so that its checkpoint rebuilds the same model): by default the twin of `depth`
+        blocks with the DEQ's parameters (`eqattn.train.with_shape`); a task with its own rule
+        overrides it."""
+        return with_shape(cls.build_model, config)
 
     @classmethod
     @abc.abstractmethod

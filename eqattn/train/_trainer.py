@@ -21,7 +21,7 @@ from .._errors import Interrupted, RunError
 from ._checkpoint import BEST, CHECKPOINT, load_train_state, save_checkpoint
 from ._evaluation import progress_bar
 from ._files import atomic_write, failpoint
-from ._models import initial_key, with_shape
+from ._models import initial_key
 from ._placement import placement, saved_points
 from ._step import optimizer_of
 from ._task import AbstractTask
@@ -76,7 +76,7 @@ class Trainer:
 
     def __init__(self, task: AbstractTask, out: Path, *, header=None, clock=None):
         # the explicit model's shape, recorded so that the checkpoint rebuilds the same model
-        task.config = with_shape(task.build_model, task.config)
+        task.config = task.with_shape(task.config)
         self.task, self.config = task, task.config
         self.out, self.ckpt = Path(out), Path(out) / CHECKPOINT
         self.clock = clock or run_clock()
