@@ -189,6 +189,7 @@ _SOURCES = {
     "Where": ("text_frontier",),
     "Graph": ("graphs_engine",),
     "Spanning": ("spanning",),
+    "Prefix": ("reasoning",),
 }
 
 
