@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..train import solve_cells
+
 BUCKETS = ((0, 4), (5, 16), (17, 64), (65, 256), (257, 1024), (1025, 4096))
 """Hops from the source, for the accuracy by distance (and the unreachable nodes)."""
 
@@ -64,9 +66,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     for r in result["sizes"]:
         a = r["at_rule"]
         solve = (
-            f"{r['budget_rule']:>7} {a['mean_steps']:>6.0f} {a['converged']:>10.1%}"
+            solve_cells(r["budget_rule"], a["mean_steps"], a["converged"])
             if deq
-            else f"{'-':>7} {'-':>6} {'-':>10}"
+            else solve_cells(None, None, None)
         )
         lines.append(
             f"{r['family']:<12} {r['n']:>6} {r['graphs']:>7} {r['max_distance']:>9} {solve} "

@@ -267,9 +267,9 @@ class PrefixSumsTask(AbstractTask):
         for r in result["lengths"]:
             a = r["at_rule"]
             solve = (
-                f"{r['budget_rule']:>7} {a['steps']:>6.0f} {a['converged']:>10.1%}"
+                train.solve_cells(r["budget_rule"], a["steps"], a["converged"])
                 if deq
-                else f"{'-':>7} {'-':>6} {'-':>10}"
+                else train.solve_cells(None, None, None)
             )
             lines.append(
                 f"{r['n']:>7} {r['strings']:>8} {solve} {a['strings']:>14.2%} {a['bits']:>11.2%}"

@@ -40,6 +40,7 @@ from ._config import (
 from ._evaluation import (
     budget_sweep as budget_sweep,
     progress_bar as progress_bar,
+    solve_cells as solve_cells,
     sweep_note as sweep_note,
 )
 from ._files import atomic_write as atomic_write, writable_dir as writable_dir

@@ -46,6 +46,15 @@ def sweep_note(result: dict[str, Any]) -> list[str]:
     return [f"(every solve converged within {stop} steps: larger budgets give the same results)"]
 
 
+def solve_cells(budget: int | None, steps: float | None, converged: float | None) -> str:
+    """The budget, mean solver steps and share of converged solves as three right-aligned cells
+    of an evaluation table's row (`-` in each for a model that does not solve: `budget` None):
+    the tasks' evaluation reports share them."""
+    if budget is None:
+        return f"{'-':>7} {'-':>6} {'-':>10}"
+    return f"{budget:>7} {steps:>6.0f} {converged:>10.1%}"
+
+
 def progress_bar(total: int | None, desc: str, enabled: bool | None, unit: str = "batch"):
     """A tqdm bar on stderr (`enabled` None: when stderr is a terminal)."""
     from tqdm.auto import tqdm
