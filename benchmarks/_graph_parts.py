@@ -43,7 +43,7 @@ def controls(deq, config, depth: int, sizes=None, families=None) -> dict[str, di
     at the budget rule: its untrained model (the run's initialisation), the layer at the exact
     parameters (an attention step's; a records step's are its untrained model's), and its
     trained step tied and run `depth` times."""
-    untrained = train.initial_model(graphs.GraphTask.build_model, config)
+    untrained = train.initial_model(graphs.GraphTask, config)
     models = {"untrained": untrained, "exact parameters": exact(untrained)}
     if models["exact parameters"] is untrained:  # a records step: the same model
         del models["exact parameters"]

@@ -95,7 +95,7 @@ def _trained(config: prefix_sums.PrefixSumsConfig, folder: Path):
 def _seed(seed: int, s: dict) -> list[dict]:
     """One seed's training runs and scores."""
     deq_config = prefix_sums.PrefixSumsConfig(seed=seed, **s["config"])
-    untrained = train.initial_model(prefix_sums.PrefixSumsTask.build_model, deq_config)
+    untrained = train.initial_model(prefix_sums.PrefixSumsTask, deq_config)
     rows, trained = [], {}
     with tempfile.TemporaryDirectory() as folder:
         for model in ("deq", "explicit"):

@@ -22,6 +22,7 @@ from ._api import (
     LoadedModel as LoadedModel,
     config_of as config_of,
     evaluate as evaluate,
+    initial_model as initial_model,
     load_model as load_model,
     resumable as resumable,
     resume as resume,
@@ -47,7 +48,6 @@ from ._files import atomic_write as atomic_write, writable_dir as writable_dir
 from ._models import (
     count_params as count_params,
     explicit_shape as explicit_shape,
-    initial_model as initial_model,
     with_shape as with_shape,
 )
 from ._placement import on_host as on_host

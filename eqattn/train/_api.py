@@ -15,6 +15,7 @@ from .._errors import ConfigError, RunError
 from ._checkpoint import CHECKPOINT, load_checkpoint, read_header
 from ._config import Config
 from ._evaluation import check_budgets
+from ._models import initial_key
 from ._run import RunDirectory
 from ._task import AbstractTask
 from ._trainer import Trainer, run_clock
@@ -228,3 +229,25 @@ def evaluate(
     model, config, header = load_model(path, task_type, max([*(budgets or []), recorded.max_steps]))
     result = task_type.evaluate(model, config, header, budgets, progress)
     return dict(checkpoint=str(checkpoint), task=task_type.name, **result)
+
+
+def initial_model(task: type[AbstractTask], config: Config, *, dtype=None) -> eqx.Module:
+    """The model a run of `config` starts from, before any training: the task's model at the
+    run's initialisation key, its explicit twin shaped by the task's own rule
+    (`task.with_shape`, as the [`Trainer`][eqattn.train.Trainer] does). What a trained model's
+    figures stand beside as the untrained control.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx, jax
+    from eqattn import graphs, train
+
+    config = graphs.GraphConfig(algorithm="mst", seed=3)
+    model = train.initial_model(graphs.GraphTask, config)
+    again = train.initial_model(graphs.GraphTask, config)
+    assert eqx.tree_equal(model, again)  # the same seed, the same start
+    ```
+    """
+    config = task.with_shape(config)
+    return task.build_model(config, initial_key(config)[1], dtype=dtype)

@@ -89,24 +89,3 @@ def initial_key(config: Config) -> tuple[jax.Array, jax.Array]:
     """`(training key, initialisation key)` of a run of `config`: its `seed` split once."""
     key, init_key = jax.random.split(jax.random.key(config.seed))
     return key, init_key
-
-
-def initial_model(build: Build, config: Config, *, dtype=None) -> eqx.Module:
-    """The model a run of `config` starts from, before any training: `build` (a task's
-    `build_model`) at the run's initialisation key, the explicit twin's shape matched first.
-    What a trained model's figures stand beside as the untrained control.
-
-    **Example:**
-
-    ```python
-    import equinox as eqx, jax
-    from eqattn import graphs, train
-
-    config = graphs.GraphConfig(algorithm="mst", seed=3)
-    model = train.initial_model(graphs.GraphTask.build_model, config)
-    again = train.initial_model(graphs.GraphTask.build_model, config)
-    assert eqx.tree_equal(model, again)  # the same seed, the same start
-    ```
-    """
-    config = with_shape(build, config)
-    return build(config, initial_key(config)[1], dtype=dtype)

@@ -5,6 +5,7 @@ string by string in numpy; the settings checked with errors that name them."""
 import json
 import re
 
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
@@ -85,3 +86,10 @@ def test_the_settings_are_checked_and_the_twin_follows_the_training_lengths():
             prefix_sums.PrefixSumsConfig(**fields)
     with pytest.raises(ValueError, match="`lengths` must name at least one"):
         prefix_sums.draw_batch(np.random.default_rng(0), 2, ())
+    # the untrained control (`train.initial_model`) is the twin the command trains: shaped by the
+    # task's rule (here 12 channels, MLP ratio 5/3), not the generic one (13, 1.0: 8,810 params)
+    twin = prefix_sums.PrefixSumsConfig(model="explicit", lengths=(2, 3))
+    shaped = prefix_sums.PrefixSumsTask.with_shape(twin)
+    start = train.initial_model(prefix_sums.PrefixSumsTask, twin)
+    params = sum(a.size for a in jax.tree.leaves(eqx.filter(start, eqx.is_inexact_array)))
+    assert params == train.count_params(prefix_sums.PrefixSumsTask.build_model, shaped) == 9050
