@@ -64,10 +64,16 @@ class PrefixSumsConfig(Config):
         if self.depth is None and self.lengths:
             object.__setattr__(self, "depth", max(self.lengths) + self.train_steps)
         super().__post_init__()
-        at_least(self, ("heads", "epoch_steps", "test_strings"), 1)
+        at_least(self, ("heads", "epoch_steps", "test_strings", "train_steps"), 1)
         if self.dim % self.heads:
             raise ConfigError(f"`dim` ({self.dim}) must be divisible by `heads` ({self.heads})")
         for name in ("lengths", "test_lengths"):
             values = getattr(self, name)
             if not values or min(values) < 1:
                 raise ConfigError(f"`{name}` must be string lengths >= 1; got {list(values)}")
+
+    @property
+    def step_limits(self) -> tuple[str, ...]:
+        """`max_steps` only: `train_steps` counts the steps with gradient beyond a string's
+        length here (>= 1), not a solver's limit."""
+        return ("max_steps",)

@@ -141,7 +141,7 @@ class Config:
             check_choice(self, f.name)
         at_least(self, ("dim", "depth", "phantom_steps", "backward_steps"), 1)
         at_least(self, ("epochs", "batch_size"), 1)
-        for name in ("max_steps", "train_steps"):
+        for name in self.step_limits:
             if getattr(self, name) < 2:
                 raise ConfigError(
                     f"`{name}` must be >= 2 (a budget of 1 evaluates the map at the solve's start "
@@ -162,6 +162,12 @@ class Config:
         """What a model's width must be a multiple of (the explicit twin's width is searched in
         these steps): 1 here, the attention heads of a transformer."""
         return 1
+
+    @property
+    def step_limits(self) -> tuple[str, ...]:
+        """The settings that are solver step limits, each checked to be >= 2: `max_steps` and
+        `train_steps` here; a task that gives `train_steps` another meaning checks it itself."""
+        return ("max_steps", "train_steps")
 
     @property
     def training_budget(self) -> int:

@@ -76,11 +76,13 @@ def test_evaluate_scores_every_length_as_numpy_does(pair, capsys, tmp_path):
 def test_the_settings_are_checked_and_the_twin_follows_the_training_lengths():
     config = prefix_sums.PrefixSumsConfig(lengths=(4, 10), train_steps=6)
     assert config.depth == 16
+    assert prefix_sums.PrefixSumsConfig(train_steps=1).depth == 33  # not a solver's limit here
     for fields, message in [
         (dict(dim=30, heads=4), "`dim` (30) must be divisible by `heads` (4)"),
         (dict(lengths=()), "`lengths` must be string lengths >= 1; got []"),
         (dict(test_lengths=(0, 8)), "`test_lengths` must be string lengths >= 1"),
         (dict(test_strings=0), "`test_strings` must be >= 1"),
+        (dict(train_steps=0), "`train_steps` must be >= 1"),  # steps beyond the length
     ]:
         with pytest.raises(train.ConfigError, match=re.escape(message)):
             prefix_sums.PrefixSumsConfig(**fields)
