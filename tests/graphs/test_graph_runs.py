@@ -27,8 +27,9 @@ def test_the_deq_answers_on_larger_graphs_as_bfs_does(runs):
     model = graphs.load_model(runs / "deq")
     assert model.algorithm is graphs.ALGORITHMS["bfs"]
     # three paths of 100 nodes and one of 2100, its farthest node more than 1024 edges from the
-    # source wherever the source lies (the other families at 256 and 1024 nodes: the run's own evaluation, whose
-    # transcript the README shows; steps against depth on grids: the quick graphs benchmark)
+    # source wherever the source lies (the other families at 256 and 1024 nodes: the run's own
+    # evaluation, whose transcript the README shows; steps against depth on grids: the quick
+    # graphs benchmark)
     cases = (("path", 100, 3), ("path", 2100, 1))
     for family, n, count in cases:
         g = graphs.sample(family, n, count, seed=11)
