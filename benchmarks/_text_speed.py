@@ -14,7 +14,7 @@ import numpy as np
 
 import eqattn
 from eqattn.text import TextConfig, TextTask
-from eqattn.train import optimizer_of
+from eqattn.train import count_params, optimizer_of
 
 from ._harness import External, in_fresh_process, time_interleaved, time_jitted
 
@@ -181,12 +181,13 @@ def _generation_rows(prompts, context, repeats, size) -> list[dict]:
     (their rows are paired differences). Round-robin with the end-to-end calls, which take a
     hundred times longer, a cached byte's call came out 2.2-2.7x slower than on its own (a
     trial at commit 3a8a4fb: one process, two runs of each way, not kept in the results)."""
-    rows = []
+    rows, params = [], {}
     for prompt in prompts:
         timings, ends = {}, {}
         for model in ("deq", "explicit"):
             config = TextConfig(model=model, context=context, **size)
             m = TextTask.build_model(config, jax.random.key(0))
+            params[model] = count_params(TextTask.build_model, config)
             for mode, (fn, *args) in _generation_cases(m, prompt).items():
                 timings[(model, mode)] = time_jitted(fn, *args, repeats=repeats)
             generate_cases, lengths = _generate_cases(m, prompt, context)
@@ -213,14 +214,22 @@ def _generation_rows(prompts, context, repeats, size) -> list[dict]:
             for name in ("deq", "explicit")
         ]
         jax.clear_caches()
-    return rows
+    # the model each figure is of: its context and parameters
+    return [dict(r, context=context, params=params[r["model"]]) for r in rows]
+
+
+GENERATION_CONTEXT = 1280
+"""The generation rows' context: the text task's default model at `--context 1280`. After a
+1024-byte prompt, 255 bytes lie between a round's two `generate()` calls (at 1088, 63 bytes:
+within a call's noise, the explicit model's runs read -0.12 to 0.17 ms a byte)."""
 
 
 def generation_rows() -> dict:
-    """The suite's generation rows (prompts of 256 and 1024 bytes, context 1088), for a fresh
-    process (`in_fresh_process`): after the training steps' rows, in the same process, the
-    small calls these rows time were slower, and varied from run to run by up to 2x."""
-    return {"rows": _generation_rows([256, 1024], context=1088, repeats=10, size={})}
+    """The suite's generation rows (prompts of 256 and 1024 bytes, `GENERATION_CONTEXT`), for
+    a fresh process (`in_fresh_process`): after the training steps' rows, in the same process,
+    the small calls these rows time were slower, and varied from run to run by up to 2x."""
+    rows = _generation_rows([256, 1024], context=GENERATION_CONTEXT, repeats=10, size={})
+    return {"rows": rows}
 
 
 GENERATION_RUNS = 3

@@ -14,7 +14,8 @@ explicit baseline of equal parameters.
    implicit`; the default Jacobian-free one differentiates one step whatever the budget): its
    memory does not grow with the steps.
 3. Generation, fresh parameters (speed does not depend on training, solver steps do: they are
-   reported), context 1088, in `GENERATION_RUNS` (3) fresh processes, each figure the median of
+   reported) of the text task's default model at context 1280 (`GENERATION_CONTEXT`; each row
+   states its context and parameters), in `GENERATION_RUNS` (3) fresh processes, each figure the median of
    the runs' with their range: the time of the token after a prompt of 256 and of 1024 bytes,
    DEQ with its equilibrium cache (`eqattn.nn.extend`: one row solved against the cached keys
    and values), DEQ re-solving the whole prefix (from zeros, and warm-started from the previous
@@ -207,7 +208,7 @@ def _print(rows) -> None:
         part("solver"),
         [("steps", "budget", "d"), ("temp_mb", "temp MB", ".1f"), ("step_ms", "step ms", ".1f")],
     )
-    print("\ngeneration: the token after a prompt (fresh parameters)")
+    print(f"\ngeneration: the token after a prompt ({_generation_model(part('generation'))})")
     print_table(
         [dict(r, runs=_runs_range(r)) for r in part("generation")],
         [
@@ -221,6 +222,17 @@ def _print(rows) -> None:
             ("solver_steps", "steps", "d"),
         ],
     )
+
+
+def _generation_model(rows) -> str:
+    """The model the generation rows are of: fresh parameters, and the context and parameters
+    of each model where the rows record them."""
+    sizes = {r["model"]: (r["context"], r["params"]) for r in rows if "params" in r}
+    if not sizes:
+        return "fresh parameters"
+    (context,) = {c for c, _ in sizes.values()}
+    counts = ", ".join(f"{m} {p:,} parameters" for m, (_, p) in sizes.items())
+    return f"fresh parameters, context {context}: {counts}"
 
 
 def _runs_range(r) -> str:
@@ -375,6 +387,8 @@ def table(payload) -> str:
             for r in part("generation")
         ],
     )
+    if generation:
+        generation = f"Generation ({_generation_model(part('generation'))}):\n\n{generation}"
     out = "\n\n".join(t for t in [paired, context, solver, generation] if t)
     for r in part("long-context"):
         device = r.get("device_peak_mb")
