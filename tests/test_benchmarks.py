@@ -440,3 +440,27 @@ def test_results_name_the_tree_that_made_them(monkeypatch, tmp_path):
         assert (payload["git_commit"], payload["tree"]) == started
     finally:
         path.unlink()
+
+
+def test_the_operations_profile_names_where_time_goes(capsys):
+    """`python -m benchmarks.thunks`: graph attention's time by kind of compiled operation (the
+    gathers and scatters of both implementations), and generation's operations a byte (the
+    DEQ's more than the explicit model's, its solver steps from both starts)."""
+    pytest.importorskip("jraph")
+    from benchmarks import thunks
+
+    assert thunks.main(["graph_attention", "--nodes", "256", "--calls", "1"]) == 0
+    rows = thunks.graph_attention(256, "degree16", calls=1)
+    assert [(r["impl"], r["mode"]) for r in rows[:2]] == [
+        ("eqattn", "forward"),
+        ("jraph", "forward"),
+    ]
+    for r in rows:
+        assert r["gather"] > 0  # (the scatters are named so under XLA's default settings)
+        assert r["ms"] == pytest.approx(
+            sum(v for k, v in r.items() if k in ("gather", "scatter", "dot", "other"))
+        )
+    deq, explicit = thunks.generate(context=24, prompt=8, dim=8, heads=2)
+    assert deq["ops_per_byte"] > explicit["ops_per_byte"] > 0
+    assert deq["steps_warm"] >= 1 and deq["steps_zeros"] >= 1
+    assert "graph_attention on cpu (nodes 256, graph delaunay, calls 1):" in capsys.readouterr().out
