@@ -92,6 +92,9 @@ def _check_text(payload):
     # text.generate end to end: a marginal time per byte (sign not checked: --quick generates
     # 2 and 7 bytes twice each, within the noise)
     assert all(np.isfinite(r["ms_per_token"]) for r in part("generation"))
+    # each row names the model it is of: its context and parameters (the paired runs' counts)
+    size = {r["model"]: r["params"] for r in (explicit, deq)}
+    assert all(r["context"] == 16 and r["params"] == size[r["model"]] for r in part("generation"))
     assert all(r["ms_runs"] == [r["ms_per_token"]] for r in part("generation"))  # one run
     # the GPU command's `--short` run has no training runs: its report starts at the step table
     from benchmarks.text import table
