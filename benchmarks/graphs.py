@@ -72,9 +72,9 @@ REUSE = "EQATTN_QUICK_GRAPH_RUNS"
 
 QUICK_RUNS = (
     # (model, settings, seed, whether the shared BFS runs of `REUSE` stand in for it)
-    ("deq", dict(algorithm="bfs", epoch_steps=100, epochs=1), 0, True),
-    ("explicit", dict(algorithm="bfs", epoch_steps=100, epochs=1), 0, True),
-    ("deq", dict(algorithm="shortest-paths", epoch_steps=100, epochs=1), 2, False),
+    ("deq", dict(algorithm="bfs", epoch_steps=40, epochs=1), 0, True),
+    ("explicit", dict(algorithm="bfs", epoch_steps=40, epochs=1), 0, True),
+    ("deq", dict(algorithm="shortest-paths", epoch_steps=40, epochs=1), 2, False),
 )
 """`--quick`'s training runs."""
 QUICK_SIZES = {64: 2}

@@ -148,7 +148,7 @@ def _check_text_frontier(payload):
 
 def _check_graphs(payload):
     """BFS's DEQ answers right on every graph of the quick run's sizes; the explicit model does
-    not beyond its depth; the shortest paths' DEQ, after its 100 steps (seed 2), gets at least 90% of
+    not beyond its depth; the shortest paths' DEQ, after its 40 steps (seed 2), gets at least 90% of
     the parents on each of the quick families at 64 nodes, and on the graphs of networkx's
     generators and its real graph; every DEQ has its controls (untrained, exact parameters, tied), the
     weighted one its table by weight distribution; the dynamics rows are there."""
