@@ -15,15 +15,15 @@ explicit baseline of equal parameters.
    memory does not grow with the steps.
 3. Generation, fresh parameters (speed does not depend on training, solver steps do: they are
    reported) of the text task's default model at context 1280 (`GENERATION_CONTEXT`; each row
-   states its context and parameters), in `GENERATION_RUNS` (3) fresh processes, each figure the median of
-   the runs' with their range: the time of the token after a prompt of 256 and of 1024 bytes,
-   DEQ with its equilibrium cache (`eqattn.nn.extend`: one row solved against the cached keys
-   and values), DEQ re-solving the whole prefix (from zeros, and warm-started from the previous
-   fixed points), the explicit model with its key/value cache and re-running the prefix; and
-   `eqattn.text.generate` end to end (`generate()`: sampling and the host's loop included, the
-   marginal time of a byte between 2 and as many bytes as fit the context without a slide:
-   the median over the rounds of each round's difference, the two calls made back to back;
-   at batch 64, up to 128 bytes).
+   states its context and parameters), in `GENERATION_RUNS` (3) fresh processes, each figure
+   the median of the runs' with their range: the time of the token after a prompt of 256 and
+   of 1024 bytes, DEQ with its equilibrium cache (`eqattn.nn.extend`: one row solved against
+   the cached keys and values), DEQ re-solving the whole prefix (from zeros, and warm-started
+   from the previous fixed points), the explicit model with its key/value cache and re-running
+   the prefix; and `eqattn.text.generate` end to end (`generate()`: sampling and the host's
+   loop included, the marginal time of a byte between 2 and as many bytes as fit the context
+   without a slide: the median over the rounds of each round's difference, the two calls made
+   back to back; at batch 64, up to 128 bytes).
 4. (full run only) `--context 4096` at the command's batch (16): one DEQ training step in a
    fresh process (the command's step, which differentiates the windows in chunks of at most
    4096 tokens: here one window at a time), its peak resident memory (the 8 GB check) and the
@@ -387,7 +387,7 @@ def table(payload) -> str:
             for r in part("generation")
         ],
     )
-    if generation:
+    if part("generation"):
         generation = f"Generation ({_generation_model(part('generation'))}):\n\n{generation}"
     out = "\n\n".join(t for t in [paired, context, solver, generation] if t)
     for r in part("long-context"):
