@@ -1,4 +1,11 @@
-"""Equinox layers at equilibrium. Each acts on one example; `jax.vmap` over a batch."""
+"""Equinox layers at equilibrium. Each acts on one example; `jax.vmap` over a batch.
+
+The models' calls (every equilibrium layer's `layer(...)`, the transformers' `model(...)` and
+`model.predict(...)`) are compiled with `equinox.filter_jit`: called outside `jax.jit` (a
+notebook, a test) one runs as one program, compiled once per shape and setting, instead of
+operation by operation; inside your own `jax.jit`, `jax.grad` or `jax.vmap` it is traced inline
+as before. Python numbers and flags passed to them (`budget=8`, `inference=True`) are part of
+what is compiled."""
 
 from ._cache import GenerationCache as GenerationCache, Step as Step
 from ._deq import DEQTransformer as DEQTransformer

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
@@ -140,6 +141,7 @@ class DEQTransformer(AbstractTransformer):
     def attention_blocks(self) -> tuple:
         return (*self.stem, self.block)
 
+    @eqx.filter_jit
     def predict(self, x, *, budget=None, key=None, z0=None) -> Prediction:
         logits, eq = self.forward(x, key=key, inference=key is None, budget=budget, z0=z0)
         return Prediction(logits, eq.steps, eq.relative_residual, eq.converged, eq.value)
@@ -187,6 +189,7 @@ class DEQTransformer(AbstractTransformer):
         z, eq = self.apply_blocks(h, mask, key=key, inference=inference, budget=budget, z0=z0)
         return self.readout(z, padding_mask), eq
 
+    @eqx.filter_jit
     def __call__(self, x, *, padding_mask=None, key=None, inference=None, budget=None, z0=None):
         """The logits alone: `forward(...)[0]`, with the same arguments."""
         return self.forward(

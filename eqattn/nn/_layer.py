@@ -30,8 +30,10 @@ class AbstractSolved(eqx.Module):
     def forward(self, *args, **kwargs) -> tuple[Any, Equilibrium]:
         """The output and the solve's `Equilibrium`."""
 
+    @eqx.filter_jit
     def __call__(self, *args, **kwargs):
-        """The output alone: `forward(...)[0]`, with the same arguments."""
+        """The output alone: `forward(...)[0]`, with the same arguments (compiled as one
+        program: see `eqattn.nn`)."""
         return self.forward(*args, **kwargs)[0]
 
 

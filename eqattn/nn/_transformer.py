@@ -190,6 +190,7 @@ class Transformer(AbstractTransformer):
     def attention_blocks(self) -> tuple[TransformerBlock, ...]:
         return self.blocks
 
+    @eqx.filter_jit
     def predict(self, x, *, budget=None, key=None, z0=None) -> Prediction:
         logits = self(x, key=key, inference=key is None)
         return Prediction(logits, jnp.array(0), jnp.array(0.0), jnp.array(True), None)
@@ -207,6 +208,7 @@ class Transformer(AbstractTransformer):
         cache = GenerationCache(keys, values, cache.length + 1, z[0])
         return self.readout(z)[0], cache, Step.unsolved(z.dtype)
 
+    @eqx.filter_jit
     def __call__(
         self,
         x: Int[Array, " n"] | Float[Array, "n f"],

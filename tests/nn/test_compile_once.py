@@ -1,6 +1,9 @@
 """A user's training step traces once: every parameter leaf has a concrete dtype, so neither the
 first optimizer update (which makes a weakly typed leaf strong in the model) nor the second (in
-Adam's state) changes what `eqx.filter_jit` sees."""
+Adam's state) changes what `eqx.filter_jit` sees; and a model called outside `jit` is one
+program."""
+
+import logging
 
 import equinox as eqx
 import jax
@@ -91,3 +94,27 @@ def test_jax_grad_over_a_layer(name):
             assert jnp.any(f != 0), name
 
     jax.tree.map(compare, filtered, plain, is_leaf=lambda a: a is None)
+
+
+def _compiles(caplog, call) -> int:
+    """The programs JAX compiles while `call()` runs."""
+    caplog.clear()
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        jax.block_until_ready(call())
+    return sum(r.getMessage().startswith("Compiling") for r in caplog.records)
+
+
+@pytest.mark.float32
+@pytest.mark.parametrize("name", ["ImplicitAttention", "HopfieldPooling", "DEQTransformer"])
+def test_a_call_outside_jit_is_one_program(name, caplog):
+    """Called outside `jax.jit`, a model (and a transformer's `predict`) runs as one compiled
+    program, which the next call of the same shapes reuses (operation by operation, a DEQ's
+    first call compiled about a hundred small programs)."""
+    model = _models(jax.random.key(0))[name]
+    x = jax.random.normal(jax.random.key(1), (TOKENS, DIM))
+    calls = [lambda: _apply(name, model, x)]
+    if name == "DEQTransformer":
+        calls.append(lambda: model.predict(x[:, :3]).logits)
+    for call in calls:
+        assert _compiles(caplog, call) <= 2, name
+        assert _compiles(caplog, call) == 0, name
