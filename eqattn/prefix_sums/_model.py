@@ -156,8 +156,10 @@ class PrefixSumsModel(eqx.Module):
         bits = _check_bits(bits)
         return jax.vmap(self.encoder)(jax.nn.one_hot(bits, 2, dtype=self.encoder.weight.dtype))
 
+    @eqx.filter_jit
     def predict(self, bits: Int[ArrayLike, " n"], *, budget=None, z0=None) -> nn.Prediction:
-        """The logits `[n, 2]` of one string and the solve's statistics (class docstring)."""
+        """The logits `[n, 2]` of one string and the solve's statistics (class docstring); one
+        compiled program, as the `eqattn.nn` models' calls are."""
         x, graph = self.code(bits), chain(int(jnp.shape(bits)[0]))
         if isinstance(self.core, nn.ImplicitGraphTransformer):
             z, eq = self.core.forward(x, graph, z0=z0, budget=budget)
