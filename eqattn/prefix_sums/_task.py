@@ -13,7 +13,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .. import train
+from .. import nn, train
 from ..train import (
     AbstractTask,
     ConfigError,
@@ -25,7 +25,7 @@ from ..train import (
 )
 from ._config import PrefixSumsConfig
 from ._data import draw_batch, draw_bits, prefix_parity
-from ._model import PrefixSumsModel, twin_heads, twin_shape
+from ._model import PrefixSumsModel
 from ._training import mixed_loss, score
 
 LONGER = 4
@@ -57,7 +57,7 @@ def shaped(config: PrefixSumsConfig) -> PrefixSumsConfig:
         lambda: PrefixSumsModel.deq(config.dim, config.heads, key=jax.random.key(0))
     )
     assert config.depth is not None  # resolved by the configuration
-    dim, _, hidden = twin_shape(deq, config.depth)
+    dim, _, hidden = deq.reasoner.twin_shape(config.depth)
     return dataclasses.replace(config, width=dim, mlp_ratio=hidden / dim)
 
 
@@ -75,7 +75,7 @@ def build(config: PrefixSumsConfig, key, dtype=None) -> PrefixSumsModel:
     config = shaped(config)
     assert config.width is not None and config.mlp_ratio is not None and config.depth
     hidden = max(1, round(config.mlp_ratio * config.width))
-    heads = twin_heads(config.width, config.heads)
+    heads = nn.GraphReasoner.twin_heads(config.width, config.heads)
     return PrefixSumsModel.explicit(
         config.width, heads, depth=config.depth, key=key, hidden=hidden, dtype=dtype
     )

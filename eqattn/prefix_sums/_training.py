@@ -13,51 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Int, PRNGKeyArray
 
-from .._solve import tolerances
-from ._data import draw_batch
+from .. import train
+from .._graph import Graph
+from ._data import chain, draw_batch
 from ._model import PrefixSumsModel
 
 EXTRA_STEPS = 4
 """Steps with gradient beyond the string's length (information crosses one edge a step)."""
 
 
-def _cross_entropy(logits, targets) -> Array:
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
+Stats = train.ReasoningStats
+"""A training loss's statistics: strings right, steps, residual, converged (`train.ReasoningStats`)."""
 
 
-Stats = tuple[Array, Array, Array, Array]
-r"""A training loss's statistics: the share of strings with every bit right, and for a DEQ the
-mean steps run, the mean relative residual of its last state ($\lVert f(z) - z\rVert /
-\lVert f(z)\rVert$) and the share of strings whose state passes the solver's test (relative
-tolerance only); an explicit model's are 0, 0 and 1."""
-
-
-def _deq_logits(model: PrefixSumsModel, bits, key, extra: int):
-    """The DEQ's logits after a random partial solve and `n + extra` steps (module docstring),
-    and the statistics of its last states."""
-    n = bits.shape[1]
-    kp, kz, ks = jax.random.split(key, 3)
-    warm = jax.random.randint(kp, (), 0, n + 1)
-    scale = jax.random.bernoulli(ks).astype(model.encoder.weight.dtype)
-    dim = model.encoder.weight.shape[0]
-    z0 = scale * jax.random.normal(kz, (*bits.shape, dim), model.encoder.weight.dtype)
-    params, static = eqx.partition(model, eqx.is_array)
-    frozen = eqx.combine(jax.lax.stop_gradient(params), static)
-    start = jax.vmap(lambda b, z: frozen.unrolled(b, warm, z0=z)[1])(bits, z0)
-    logits, z = jax.vmap(lambda b, z: model.unrolled(b, n + extra, z0=z))(bits, start)
-    fz = jax.vmap(lambda b, z: frozen.unrolled(b, 1, z0=z)[1])(bits, jax.lax.stop_gradient(z))
-    norm = lambda a: jnp.linalg.norm(a.reshape(len(bits), -1), axis=1)  # noqa: E731
-    residual = norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny)
-    rtol = tolerances(model.core.solver)[0]  # type: ignore[union-attr]
-    steps = (warm + n + extra).astype(residual.dtype)
-    return logits, (steps, jnp.mean(residual), jnp.mean(residual <= rtol))
+def _chains(bits) -> Graph:
+    """The chain every string of a batch is read as (one graph, shared)."""
+    return chain(int(bits.shape[1]))
 
 
 def loss_and_stats(
@@ -86,14 +62,16 @@ def loss_and_stats(
     assert 0 <= right <= 1 and 5 + prefix_sums.EXTRA_STEPS <= steps <= 2 * 5 + 4
     ```
     """
-    bits, targets = jnp.asarray(bits), jnp.asarray(targets)
-    if model.is_deq:
-        logits, (steps, residual, converged) = _deq_logits(model, bits, key, extra)
-    else:
-        logits = jax.vmap(lambda b: model.predict(b).logits)(bits)
-        steps, residual, converged = jnp.array(0.0), jnp.array(0.0), jnp.array(1.0)
-    right = jnp.mean(jnp.all(jnp.argmax(logits, -1) == targets, -1))
-    return _cross_entropy(logits, targets), (right, steps, residual, converged)
+    bits = jnp.asarray(bits)
+    return train.reasoning_loss(
+        model.reasoner,
+        bits,
+        _chains(bits),
+        targets,
+        key,
+        steps=bits.shape[1] + extra,
+        warm=bits.shape[1],
+    )
 
 
 def loss(
@@ -150,8 +128,7 @@ def mixed_loss(
         )
     keys = jax.random.split(key, len(bits))
     parts = [loss_and_stats(model, b, t, k, extra=extra) for b, t, k in zip(bits, targets, keys)]
-    mean = lambda *xs: jnp.mean(jnp.stack(xs))  # noqa: E731
-    return mean(*(p[0] for p in parts)), jax.tree.map(mean, *(p[1] for p in parts))
+    return train.mean_parts(parts)
 
 
 def make_step(optimizer: optax.GradientTransformation, *, extra: int = EXTRA_STEPS) -> Callable:
@@ -174,26 +151,12 @@ def make_step(optimizer: optax.GradientTransformation, *, extra: int = EXTRA_STE
     ```
     """
 
-    @eqx.filter_jit
-    def step(model, opt_state, bits, targets, key):
-        (value, stats), grads = eqx.filter_value_and_grad(
-            lambda m: mixed_loss(m, bits, targets, key, extra=extra), has_aux=True
-        )(model)
-        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
-        return eqx.apply_updates(model, updates), opt_state, value, stats
-
-    return step
-
-
-@eqx.filter_jit
-def _solved(model: PrefixSumsModel, bits, budget):
-    p = jax.vmap(lambda b: model.predict(b, budget=budget))(bits)
-    return p.logits, jnp.mean(p.steps), jnp.mean(p.converged)
-
-
-@eqx.filter_jit
-def _tied(model: PrefixSumsModel, bits, steps: int):
-    return jax.vmap(lambda b: model.unrolled(b, steps)[0])(bits)
+    update = train.reasoning_step(
+        optimizer, lambda m, data, k: mixed_loss(m, data[0], data[1], k, extra=extra)
+    )
+    return lambda model, opt_state, bits, targets, key: update(
+        model, opt_state, (bits, targets), key
+    )
 
 
 def score(
@@ -222,25 +185,11 @@ def score(
     assert 0 <= out["strings"] <= out["bits"] <= 1 and out["converged"] == 1.0
     ```
     """
-    strings, answers = jnp.asarray(bits), jnp.asarray(targets)
-    if steps is not None:
-        logits, solver_steps, converged = _tied(model, strings, steps), steps, jnp.nan
-    else:  # the budget traced: one program for every budget
-        traced = None if budget is None else jnp.asarray(budget, jnp.int32)
-        logits, solver_steps, converged = _solved(model, strings, traced)
-    right = jnp.argmax(logits, -1) == answers
-    return {
-        "strings": float(jnp.mean(jnp.all(right, -1))),
-        "bits": float(jnp.mean(right)),
-        "steps": float(solver_steps),
-        "converged": float(converged),
-    }
-
-
-@eqx.filter_jit
-def _from(model: PrefixSumsModel, bits, budget, z0):
-    p = jax.vmap(lambda b, z: model.predict(b, budget=budget, z0=z))(bits, z0)
-    return jnp.argmax(p.logits, -1), p.fixed_point
+    bits = jnp.asarray(bits)
+    out = train.reasoning_score(
+        model.reasoner, bits, _chains(bits), targets, budget=budget, steps=steps
+    )
+    return {"strings": out.pop("instances"), "bits": out.pop("nodes"), **out}
 
 
 def path_independence(
@@ -272,17 +221,9 @@ def path_independence(
     if not model.is_deq:
         raise TypeError("`path_independence` compares a DEQ's solves; this model is explicit")
     bits = jnp.asarray(bits)
-    dtype = model.encoder.weight.dtype
-    shape = (*bits.shape, model.encoder.weight.shape[0])
-    answer, z = _from(model, bits, budget, jnp.zeros(shape, dtype))
-    agree, align = [], []
-    for k in jax.random.split(key, starts):
-        other, z2 = _from(model, bits, budget, jax.random.normal(k, shape, dtype))
-        agree.append(float(jnp.mean(jnp.all(other == answer, -1))))
-        a, b = z.reshape(len(bits), -1), z2.reshape(len(bits), -1)
-        norms = jnp.linalg.norm(a, axis=1) * jnp.linalg.norm(b, axis=1)
-        align.append(float(jnp.mean(jnp.sum(a * b, 1) / jnp.maximum(norms, 1e-12))))
-    return {"agree": min(agree), "alignment": min(align)}
+    return train.reasoning_paths(
+        model.reasoner, bits, _chains(bits), key=key, budget=budget, starts=starts
+    )
 
 
 def fit(
@@ -312,15 +253,14 @@ def fit(
     assert len(losses) == 2
     ```
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"`steps` must be an int >= 1; got {steps!r}")
-    optimizer = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr))
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    step, rng, key = make_step(optimizer), np.random.default_rng(seed), jax.random.key(seed)
-    losses = []
-    for _ in range(steps):
-        bits, targets = draw_batch(rng, batch, tuple(lengths))
-        key, sub = jax.random.split(key)
-        model, opt_state, value, _ = step(model, opt_state, bits, targets, sub)
-        losses.append(float(value))
-    return model, losses
+    return train.reasoning_fit(
+        model,
+        lambda optimizer: train.reasoning_step(
+            optimizer, lambda m, d, k: mixed_loss(m, d[0], d[1], k)
+        ),
+        lambda rng: draw_batch(rng, batch, tuple(lengths)),
+        steps=steps,
+        lr=lr,
+        clip=clip,
+        seed=seed,
+    )

@@ -51,6 +51,15 @@ from ._models import (
     with_shape as with_shape,
 )
 from ._placement import on_host as on_host
+from ._reasoning import (
+    ReasoningStats as ReasoningStats,
+    mean_parts as mean_parts,
+    reasoning_fit as reasoning_fit,
+    reasoning_loss as reasoning_loss,
+    reasoning_paths as reasoning_paths,
+    reasoning_score as reasoning_score,
+    reasoning_step as reasoning_step,
+)
 from ._step import (
     apply as apply,
     optimizer_of as optimizer_of,

@@ -41,10 +41,12 @@ def test_refusals():
         prefix_sums.draw_bits(np.random.default_rng(0), 0, 4)
     key = jax.random.key(0)
     with pytest.raises(TypeError, match="`core` must be an nn.ImplicitGraphTransformer"):
-        prefix_sums.PrefixSumsModel(nn.GraphTransformerStep(8, 2, key=key), key=key)
-    plain = nn.ImplicitGraphTransformer(nn.GraphTransformerStep(8, 2, key=key))
-    with pytest.raises(ValueError, match="must read 3 edge features .* got 0"):
-        prefix_sums.PrefixSumsModel(plain, key=key)
+        nn.GraphReasoner(nn.GraphTransformerStep(8, 2, key=key), categories=2, classes=2, key=key)
+    with pytest.raises(TypeError, match="`reasoner` must be an nn.GraphReasoner"):
+        prefix_sums.PrefixSumsModel(nn.GraphTransformerStep(8, 2, key=key))  # type: ignore[arg-type]
+    plain = nn.GraphReasoner.deq(8, 2, categories=2, classes=2, edge_features=0, key=key)
+    with pytest.raises(ValueError, match="the chain's 3 edge kinds .* 'edge_features': 0"):
+        prefix_sums.PrefixSumsModel(plain)
     with pytest.raises(ValueError, match="`depth` must be an int >= 1"):
         prefix_sums.PrefixSumsModel.explicit(8, 2, depth=0, key=key)
     model = prefix_sums.PrefixSumsModel.explicit(8, 2, depth=1, key=key)

@@ -1,0 +1,211 @@
+r"""Training and scoring an [`nn.GraphReasoner`][eqattn.nn.GraphReasoner] on a batch of graphs
+of one size: what the reasoning tasks (`eqattn.prefix_sums`, `eqattn.mazes`) share.
+
+The DEQ is trained by path independence from partly solved starts (Anil et al. 2022, with the
+progressive start of Bansal et al. 2022): for each batch, a count $p \sim U\{0, \dots, w\}$ and
+a start $z_0$ (zeros, or $\mathcal{N}(0, 1)$ per entry, each with probability 1/2) are drawn;
+the step runs $p$ times from $z_0$ with nothing differentiated, then $s$ times with gradient
+(a task's $w$: as many as information needs to cross its graphs; its $s$: a few more), and the loss
+is the cross-entropy of the last state's logits. The map learns to reach the answer from
+anywhere on its way, which makes the fixed point the answer at any size.
+
+A batch is `inputs` `[b, n]` (node categories), `graphs` (an [`eqattn.Graph`][] whose arrays
+have a leading batch axis `b`) and `targets` `[b, n]` (a class per node); an instance counts as
+right only if every node is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, PRNGKeyArray
+
+from .. import nn
+from .._graph import Graph
+from .._solve import tolerances
+
+
+def batched(fn, graphs: Graph):
+    """`fn(inputs, graph, *rest)` mapped over a batch: over `graphs`' leading axis, or, for one
+    graph shared by the batch (`senders` `[E]`), with that graph held as it is (a constant
+    when it holds numpy arrays: one gather pattern for the whole batch)."""
+    if np.ndim(graphs.senders) == 1:
+        return jax.vmap(lambda c, *rest: fn(c, graphs, *rest))
+    return lambda c, *rest: jax.vmap(fn)(c, graphs, *rest)
+
+
+ReasoningStats = tuple[Array, Array, Array, Array]
+r"""A training loss's statistics: the share of instances with every node right, and for a DEQ
+the mean steps run, the mean relative residual of its last state ($\lVert f(z) - z\rVert /
+\lVert f(z)\rVert$) and the share of instances whose state passes the solver's test (relative
+tolerance only); an explicit model's are 0, 0 and 1."""
+
+
+def _deq_logits(model: nn.GraphReasoner, inputs, graphs: Graph, key, steps: int, warm: int):
+    """The DEQ's logits after a random partial solve of at most `warm` steps and `steps` steps
+    (module docstring), and the statistics of its last states."""
+    kp, kz, ks = jax.random.split(key, 3)
+    warm = jax.random.randint(kp, (), 0, warm + 1)
+    dtype = model.encoder.weight.dtype
+    scale = jax.random.bernoulli(ks).astype(dtype)
+    z0 = scale * jax.random.normal(kz, (*inputs.shape, model.encoder.weight.shape[0]), dtype)
+    params, static = eqx.partition(model, eqx.is_array)
+    frozen = eqx.combine(jax.lax.stop_gradient(params), static)
+    run = lambda m, count: batched(lambda c, g, z: m.unrolled(c, g, count, z0=z), graphs)  # noqa: E731
+    start = run(frozen, warm)(inputs, z0)[1]
+    logits, z = run(model, steps)(inputs, start)
+    fz = run(frozen, 1)(inputs, jax.lax.stop_gradient(z))[1]
+    norm = lambda a: jnp.linalg.norm(a.reshape(len(inputs), -1), axis=1)  # noqa: E731
+    residual = norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny)
+    rtol = tolerances(model.core.solver)[0]  # type: ignore[union-attr]
+    total = (warm + steps).astype(residual.dtype)
+    return logits, (total, jnp.mean(residual), jnp.mean(residual <= rtol))
+
+
+def reasoning_loss(
+    model: nn.GraphReasoner,
+    inputs,
+    graphs: Graph,
+    targets,
+    key: PRNGKeyArray,
+    *,
+    steps: int,
+    warm: int,
+) -> tuple[Array, ReasoningStats]:
+    """The batch's mean cross-entropy and its `Stats`: a DEQ's after a random partial solve of
+    at most `warm` steps and `steps` steps with gradient (module docstring), an explicit
+    model's of its output."""
+    inputs, targets = jnp.asarray(inputs), jnp.asarray(targets)
+    if model.is_deq:
+        logits, (count, residual, converged) = _deq_logits(model, inputs, graphs, key, steps, warm)
+    else:
+        logits = batched(lambda c, g: model.predict(c, g).logits, graphs)(inputs)
+        count, residual, converged = jnp.array(0.0), jnp.array(0.0), jnp.array(1.0)
+    right = jnp.mean(jnp.all(jnp.argmax(logits, -1) == targets, -1))
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
+    return loss, (right, count, residual, converged)
+
+
+@eqx.filter_jit
+def _solved(model: nn.GraphReasoner, inputs, graphs, budget):
+    p = batched(lambda c, g: model.predict(c, g, budget=budget), graphs)(inputs)
+    return p.logits, jnp.mean(p.steps), jnp.mean(p.converged)
+
+
+@eqx.filter_jit
+def _tied(model: nn.GraphReasoner, inputs, graphs, steps: int):
+    return batched(lambda c, g: model.unrolled(c, g, steps)[0], graphs)(inputs)
+
+
+def reasoning_score(
+    model: nn.GraphReasoner,
+    inputs,
+    graphs: Graph,
+    targets,
+    *,
+    budget: int | None = None,
+    steps: int | None = None,
+) -> dict[str, float]:
+    """A batch of graphs of one size: the share with every node right (`instances`), of nodes
+    right (`nodes`), and for a DEQ solved to its fixed point (within `budget` steps, traced:
+    one program for every budget) the mean solver steps and the share converged; with `steps`,
+    the DEQ's step run that many times instead (the tied control: its `steps` is that count and
+    `converged` NaN, not measured)."""
+    inputs, answers = jnp.asarray(inputs), jnp.asarray(targets)
+    if steps is not None:
+        logits, count, converged = _tied(model, inputs, graphs, steps), steps, jnp.nan
+    else:
+        traced = None if budget is None else jnp.asarray(budget, jnp.int32)
+        logits, count, converged = _solved(model, inputs, graphs, traced)
+    right = jnp.argmax(logits, -1) == answers
+    return {
+        "instances": float(jnp.mean(jnp.all(right, -1))),
+        "nodes": float(jnp.mean(right)),
+        "steps": float(count),
+        "converged": float(converged),
+    }
+
+
+@eqx.filter_jit
+def _from(model: nn.GraphReasoner, inputs, graphs, budget, z0):
+    p = batched(lambda c, g, z: model.predict(c, g, budget=budget, z0=z), graphs)(inputs, z0)
+    return jnp.argmax(p.logits, -1), p.fixed_point
+
+
+def reasoning_paths(
+    model: nn.GraphReasoner,
+    inputs,
+    graphs: Graph,
+    *,
+    key: PRNGKeyArray,
+    budget: int | None = None,
+    starts: int = 3,
+) -> dict[str, float]:
+    r"""Whether a DEQ's answer depends on where its solve starts: `starts` solves from random
+    states ($\mathcal{N}(0, 1)$ per entry, as training starts) against the solve from zeros;
+    `agree`: the lowest share over the starts of instances answered alike on every node;
+    `alignment`: the lowest over the starts of the mean cosine between the two fixed points,
+    each instance's flattened (the asymptotic alignment of Anil et al. 2022; 1: the same
+    point)."""
+    if not model.is_deq:
+        raise TypeError("path independence compares a DEQ's solves; this model is explicit")
+    inputs = jnp.asarray(inputs)
+    dtype = model.encoder.weight.dtype
+    shape = (*inputs.shape, model.encoder.weight.shape[0])
+    answer, z = _from(model, inputs, graphs, budget, jnp.zeros(shape, dtype))
+    agree, align = [], []
+    for k in jax.random.split(key, starts):
+        other, z2 = _from(model, inputs, graphs, budget, jax.random.normal(k, shape, dtype))
+        agree.append(float(jnp.mean(jnp.all(other == answer, -1))))
+        a, b = z.reshape(len(inputs), -1), z2.reshape(len(inputs), -1)
+        norms = jnp.linalg.norm(a, axis=1) * jnp.linalg.norm(b, axis=1)
+        align.append(float(jnp.mean(jnp.sum(a * b, 1) / jnp.maximum(norms, 1e-12))))
+    return {"agree": min(agree), "alignment": min(align)}
+
+
+def mean_parts(parts) -> tuple[Array, ReasoningStats]:
+    """The mean of several `(loss, Stats)` (a step's batches of several sizes, each weighing
+    alike)."""
+    mean = lambda *xs: jnp.mean(jnp.stack(xs))  # noqa: E731
+    return mean(*(p[0] for p in parts)), jax.tree.map(mean, *(p[1] for p in parts))
+
+
+def reasoning_step(optimizer: optax.GradientTransformation, loss: Callable) -> Callable:
+    """`step(model, opt_state, data, key) -> (model, opt_state, loss, stats)`, compiled: one
+    optimizer step on `loss(model, data, key) -> (loss, Stats)`."""
+
+    @eqx.filter_jit
+    def step(model, opt_state, data, key):
+        (value, stats), grads = eqx.filter_value_and_grad(
+            lambda m: loss(m, data, key), has_aux=True
+        )(model)
+        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, value, stats
+
+    return step
+
+
+def reasoning_fit(
+    model, step: Callable, draw: Callable, *, steps: int, lr: float, clip: float, seed: int
+) -> tuple[Any, list[float]]:
+    """`steps` optimizer steps (AdamW at `lr` after clipping the gradient's global norm to
+    `clip`) of `step(optimizer) -> reasoning_step` on `draw(rng)`, fresh data each: the
+    trained model and each step's loss."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"`steps` must be an int >= 1; got {steps!r}")
+    optimizer = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr))
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    update, rng, key = step(optimizer), np.random.default_rng(seed), jax.random.key(seed)
+    losses = []
+    for _ in range(steps):
+        data = draw(rng)
+        key, sub = jax.random.split(key)
+        model, opt_state, value, _ = update(model, opt_state, data, sub)
+        losses.append(float(value))
+    return model, losses
