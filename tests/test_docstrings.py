@@ -10,6 +10,7 @@ import pytest
 import eqattn
 import eqattn.digits
 import eqattn.graphs
+import eqattn.mazes
 import eqattn.nn
 import eqattn.parallel
 import eqattn.prefix_sums
@@ -25,6 +26,7 @@ MODULES = (
     eqattn.text,
     eqattn.graphs,
     eqattn.prefix_sums,
+    eqattn.mazes,
 )
 
 

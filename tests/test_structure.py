@@ -107,7 +107,7 @@ FLOORS = (
     ("eqattn._info",),
     ("eqattn",),
     ("eqattn.train",),
-    ("eqattn.digits", "eqattn.text", "eqattn.graphs", "eqattn.prefix_sums"),
+    ("eqattn.digits", "eqattn.text", "eqattn.graphs", "eqattn.prefix_sums", "eqattn.mazes"),
     ("eqattn.cli",),
     ("eqattn.__main__",),
 )

@@ -51,20 +51,20 @@ def _deq_logits(model: nn.GraphReasoner, inputs, graphs: Graph, key, steps: int,
     """The DEQ's logits after a random partial solve of at most `warm` steps and `steps` steps
     (module docstring), and the statistics of its last states."""
     kp, kz, ks = jax.random.split(key, 3)
-    warm = jax.random.randint(kp, (), 0, warm + 1)
+    partial = jax.random.randint(kp, (), 0, warm + 1)
     dtype = model.encoder.weight.dtype
     scale = jax.random.bernoulli(ks).astype(dtype)
     z0 = scale * jax.random.normal(kz, (*inputs.shape, model.encoder.weight.shape[0]), dtype)
     params, static = eqx.partition(model, eqx.is_array)
     frozen = eqx.combine(jax.lax.stop_gradient(params), static)
     run = lambda m, count: batched(lambda c, g, z: m.unrolled(c, g, count, z0=z), graphs)  # noqa: E731
-    start = run(frozen, warm)(inputs, z0)[1]
+    start = run(frozen, partial)(inputs, z0)[1]
     logits, z = run(model, steps)(inputs, start)
     fz = run(frozen, 1)(inputs, jax.lax.stop_gradient(z))[1]
     norm = lambda a: jnp.linalg.norm(a.reshape(len(inputs), -1), axis=1)  # noqa: E731
     residual = norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny)
     rtol = tolerances(model.core.solver)[0]  # type: ignore[union-attr]
-    total = (warm + steps).astype(residual.dtype)
+    total = (partial + steps).astype(residual.dtype)
     return logits, (total, jnp.mean(residual), jnp.mean(residual <= rtol))
 
 

@@ -1,0 +1,139 @@
+r"""Training and scoring mazes models, as the reasoning tasks share them
+([`eqattn.train`][]'s reasoning functions): the DEQ by path independence from partly solved
+starts, then [`reach`][eqattn.mazes.reach] steps with gradient (Anil et al. 2022; Bansal et al.
+2022); a maze counts as solved only if every cell is right."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, PRNGKeyArray
+
+from .. import nn, train
+from ._data import Mazes, draw_mazes
+from ._model import reach
+
+
+def loss(
+    model: nn.GraphReasoner, mazes: Mazes, key: PRNGKeyArray, *, steps: int | None = None
+) -> tuple[Array, train.ReasoningStats]:
+    """A batch's mean cross-entropy over cells and its statistics (the share of mazes solved,
+    and a DEQ's steps, residual and convergence): a DEQ's after a random partial solve and
+    `steps` steps with gradient (default [`reach`][eqattn.mazes.reach] of the size), an
+    explicit model's of its output.
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import mazes
+
+    model = mazes.deq(8, 2, key=jax.random.key(0))
+    batch = mazes.draw_mazes(np.random.default_rng(0), 2, 3)
+    value, (solved, steps, residual, converged) = mazes.loss(model, batch, jax.random.key(1))
+    assert value > 0 and 0 <= solved <= 1 and mazes.reach(3) <= steps <= 2 * mazes.reach(3)
+    ```
+    """
+    if not isinstance(mazes, Mazes):
+        raise TypeError(f"`mazes` must be a mazes.Mazes batch; got {type(mazes).__name__}")
+    count = reach(mazes.size) if steps is None else steps
+    return train.reasoning_loss(
+        model, mazes.inputs, mazes.graph, mazes.targets, key, steps=count, warm=count
+    )
+
+
+def mixed_loss(
+    model: nn.GraphReasoner, batches: Sequence[Mazes], key: PRNGKeyArray
+) -> tuple[Array, train.ReasoningStats]:
+    """A step's loss over batches of several sizes: the mean of their `loss`es, each size
+    weighing alike, and of their statistics."""
+    if not batches:
+        raise ValueError("`batches` must hold at least one batch of mazes; got none")
+    keys = jax.random.split(key, len(batches))
+    return train.mean_parts([loss(model, b, k) for b, k in zip(batches, keys)])
+
+
+def fit(
+    model: nn.GraphReasoner,
+    *,
+    steps: int,
+    sizes: tuple[int, ...] = (5, 7, 9),
+    batch: int = 8,
+    lr: float = 1e-3,
+    clip: float = 1.0,
+    seed: int = 0,
+) -> tuple[nn.GraphReasoner, list[float]]:
+    """`steps` optimizer steps (AdamW at `lr` after clipping the gradient's global norm to
+    `clip`), each on `batch` fresh mazes of every one of `sizes`: the trained model and each
+    step's loss.
+
+    **Example:**
+
+    ```python
+    import jax
+    from eqattn import mazes
+
+    model = mazes.deq(8, 2, key=jax.random.key(0))
+    model, losses = mazes.fit(model, steps=2, sizes=(3,), batch=2)
+    assert len(losses) == 2
+    ```
+    """
+    if not sizes:
+        raise ValueError("`sizes` must name at least one maze size; got none")
+    return train.reasoning_fit(
+        model,
+        lambda optimizer: train.reasoning_step(optimizer, mixed_loss),
+        lambda rng: [draw_mazes(rng, batch, k) for k in sizes],
+        steps=steps,
+        lr=lr,
+        clip=clip,
+        seed=seed,
+    )
+
+
+def score(
+    model: nn.GraphReasoner,
+    mazes: Mazes,
+    *,
+    budget: int | None = None,
+    steps: int | None = None,
+) -> dict[str, float]:
+    """A batch of mazes of one size: the share solved, every cell right (`mazes`), of cells
+    right (`cells`), and for a DEQ solved to its fixed point (within `budget` steps) the mean
+    solver steps and the share converged; with `steps`, the DEQ's step run that many times
+    instead (the tied control).
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import mazes
+
+    model = mazes.deq(8, 2, key=jax.random.key(0))
+    batch = mazes.draw_mazes(np.random.default_rng(0), 2, 4)
+    out = mazes.score(model, batch, budget=50)
+    assert 0 <= out["mazes"] <= out["cells"] <= 1 and out["steps"] <= 50
+    ```
+    """
+    out = train.reasoning_score(
+        model, mazes.inputs, mazes.graph, mazes.targets, budget=budget, steps=steps
+    )
+    return {"mazes": out.pop("instances"), "cells": out.pop("nodes"), **out}
+
+
+def path_independence(
+    model: nn.GraphReasoner,
+    mazes: Mazes,
+    *,
+    key: PRNGKeyArray,
+    budget: int | None = None,
+    starts: int = 3,
+) -> dict[str, float]:
+    """Whether a DEQ's answer depends on where its solve starts (random starts against zeros):
+    `agree`, the lowest share of mazes answered alike on every cell; `alignment`, the lowest
+    mean cosine between the fixed points (1: the same point)."""
+    return train.reasoning_paths(
+        model, jnp.asarray(mazes.inputs), mazes.graph, key=key, budget=budget, starts=starts
+    )
