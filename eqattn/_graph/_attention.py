@@ -117,7 +117,12 @@ def graph_attention_with_lse(
     r = _receivers(receivers, q.shape[0] if q.ndim else 0)
     check_graph_shapes(q, k, v, r)
     b = check_beta(beta, compute_dtype(q.dtype, k.dtype))
-    out, lse = segment_attention(q, k, v, r, b, _check_bias(bias, r))
+    # `r` and `bias` through an operation first: a numpy array that `vmap` maps under `jit`
+    # would reach the custom VJP as a raw constant, which JAX refuses ("non-canonical
+    # constant", jax-ml/jax#27362); the operation makes it a traced value (XLA drops it)
+    bias = _check_bias(bias, r)
+    r, bias = jax.tree.map(lambda a: a + jnp.zeros((), a.dtype), (r, bias))
+    out, lse = segment_attention(q, k, v, r, b, bias)
     if is_concrete(b):
         return out, lse
     # a traced bad `beta` is NaN (`check_beta`), which the pass would read as no edge at all:
