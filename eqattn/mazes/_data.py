@@ -141,7 +141,18 @@ def maze_graph(passages: Int[np.ndarray, "*batch m 2"], size: int) -> Graph:
 class Mazes(NamedTuple):
     """A batch of mazes of one size: `inputs` `[b, n]` (1 on the start and the goal, 0
     elsewhere), `graph` (their [`maze_graph`][eqattn.mazes.maze_graph], one leading axis),
-    `targets` `[b, n]` (1 on the path) and `passages` `[b, n - 1, 2]`."""
+    `targets` `[b, n]` (1 on the path) and `passages` `[b, n - 1, 2]`.
+
+    **Example:**
+
+    ```python
+    import numpy as np
+    from eqattn import mazes
+
+    batch = mazes.draw_mazes(np.random.default_rng(0), 2, 3)
+    assert isinstance(batch, mazes.Mazes) and batch.graph.senders.shape == (2, 2 * 8 + 9)
+    ```
+    """
 
     inputs: np.ndarray
     graph: Graph

@@ -81,7 +81,21 @@ def explicit(
 ) -> nn.GraphReasoner:
     """The explicit model for mazes: `depth` untied steps
     ([`nn.GraphReasoner.explicit`][eqattn.nn.GraphReasoner.explicit]; its twin of a DEQ's
-    parameters: [`nn.GraphReasoner.matched`][eqattn.nn.GraphReasoner.matched])."""
+    parameters: [`nn.GraphReasoner.matched`][eqattn.nn.GraphReasoner.matched]).
+
+    **Example:**
+
+    ```python
+    import jax
+    from eqattn import mazes, nn
+
+    twin = mazes.explicit(8, 2, depth=3, key=jax.random.key(0))
+    assert not twin.is_deq and len(twin.core.steps) == 3 and twin.shape == mazes.SHAPE
+    matched = nn.GraphReasoner.matched(mazes.deq(8, 2, key=jax.random.key(1)), depth=3,
+                                       key=jax.random.key(2))
+    assert matched.shape == mazes.SHAPE
+    ```
+    """
     return nn.GraphReasoner.explicit(
         dim, heads, depth=depth, key=key, hidden=hidden, dtype=dtype, **SHAPE
     )

@@ -48,7 +48,21 @@ def mixed_loss(
     model: nn.GraphReasoner, batches: Sequence[Mazes], key: PRNGKeyArray
 ) -> tuple[Array, train.ReasoningStats]:
     """A step's loss over batches of several sizes: the mean of their `loss`es, each size
-    weighing alike, and of their statistics."""
+    weighing alike, and of their statistics.
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import mazes
+
+    model = mazes.deq(8, 2, key=jax.random.key(0))
+    rng = np.random.default_rng(0)
+    batches = [mazes.draw_mazes(rng, 2, k) for k in (3, 4)]
+    value, stats = mazes.mixed_loss(model, batches, jax.random.key(1))
+    assert value.shape == () and len(stats) == 4
+    ```
+    """
     if not batches:
         raise ValueError("`batches` must hold at least one batch of mazes; got none")
     keys = jax.random.split(key, len(batches))
@@ -133,7 +147,20 @@ def path_independence(
 ) -> dict[str, float]:
     """Whether a DEQ's answer depends on where its solve starts (random starts against zeros):
     `agree`, the lowest share of mazes answered alike on every cell; `alignment`, the lowest
-    mean cosine between the fixed points (1: the same point)."""
+    mean cosine between the fixed points (1: the same point).
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import mazes
+
+    model = mazes.deq(8, 2, key=jax.random.key(0))
+    batch = mazes.draw_mazes(np.random.default_rng(0), 2, 3)
+    out = mazes.path_independence(model, batch, key=jax.random.key(1), budget=50)
+    assert 0 <= out["agree"] <= 1 and -1 <= out["alignment"] <= 1
+    ```
+    """
     return train.reasoning_paths(
         model, jnp.asarray(mazes.inputs), mazes.graph, key=key, budget=budget, starts=starts
     )
