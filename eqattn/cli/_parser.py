@@ -8,11 +8,17 @@ import re
 import types
 import typing
 
-from .. import digits, graphs, prefix_sums, text, train
+from .. import digits, graphs, mazes, prefix_sums, text, train
 
 TASKS: dict[str, type[train.AbstractTask]] = {
     t.name: t
-    for t in (graphs.GraphTask, digits.DigitsTask, text.TextTask, prefix_sums.PrefixSumsTask)
+    for t in (
+        graphs.GraphTask,
+        digits.DigitsTask,
+        text.TextTask,
+        prefix_sums.PrefixSumsTask,
+        mazes.MazesTask,
+    )
 }
 """The tasks `eqattn train --task` knows."""
 DEFAULT_TASK = "graphs"

@@ -15,6 +15,7 @@ print(mazes.score(model, test, budget=mazes.budget_for(21)))
 ```
 """
 
+from ._config import MazesConfig as MazesConfig
 from ._data import (
     EDGE_KINDS as EDGE_KINDS,
     Mazes as Mazes,
@@ -30,6 +31,11 @@ from ._model import (
     explicit as explicit,
     reach as reach,
 )
+from ._task import (
+    MazesTask as MazesTask,
+    load_model as load_model,
+    longer_size as longer_size,
+)
 from ._training import (
     fit as fit,
     loss as loss,
@@ -42,12 +48,16 @@ __all__ = [
     "EDGE_KINDS",
     "SHAPE",
     "Mazes",
+    "MazesConfig",
+    "MazesTask",
     "budget_for",
     "deq",
     "draw_mazes",
     "draw_passages",
     "explicit",
     "fit",
+    "load_model",
+    "longer_size",
     "loss",
     "maze_graph",
     "mixed_loss",

@@ -17,11 +17,19 @@ from ._model import reach
 
 
 def loss(
-    model: nn.GraphReasoner, mazes: Mazes, key: PRNGKeyArray, *, steps: int | None = None
+    model: nn.GraphReasoner,
+    mazes: Mazes,
+    key: PRNGKeyArray,
+    *,
+    steps: int | None = None,
+    warm: float = 1.0,
+    penalty: float = 0.0,
 ) -> tuple[Array, train.ReasoningStats]:
     """A batch's mean cross-entropy over cells and its statistics (the share of mazes solved,
-    and a DEQ's steps, residual and convergence): a DEQ's after a random partial solve and
-    `steps` steps with gradient (default [`reach`][eqattn.mazes.reach] of the size), an
+    and a DEQ's steps, residual and convergence): a DEQ's after a random partial solve of at
+    most `warm` times `steps` steps and `steps` steps with gradient (default
+    [`reach`][eqattn.mazes.reach] of the size), plus `penalty` times the relative residual
+    after `steps` steps from zeros (`train.reasoning_loss`); an
     explicit model's of its output.
 
     **Example:**
@@ -38,17 +46,33 @@ def loss(
     """
     if not isinstance(mazes, Mazes):
         raise TypeError(f"`mazes` must be a mazes.Mazes batch; got {type(mazes).__name__}")
+    if not warm >= 0 or not penalty >= 0:
+        raise ValueError(f"`warm` and `penalty` must be >= 0; got {warm} and {penalty}")
     count = reach(mazes.size) if steps is None else steps
     return train.reasoning_loss(
-        model, mazes.inputs, mazes.graph, mazes.targets, key, steps=count, warm=count
+        model,
+        mazes.inputs,
+        mazes.graph,
+        mazes.targets,
+        key,
+        steps=count,
+        warm=int(warm * count),
+        penalty=penalty,
     )
 
 
 def mixed_loss(
-    model: nn.GraphReasoner, batches: Sequence[Mazes], key: PRNGKeyArray
+    model: nn.GraphReasoner,
+    batches: Sequence[Mazes],
+    key: PRNGKeyArray,
+    *,
+    warm: float = 1.0,
+    penalty: float = 0.0,
+    extra: int = 0,
 ) -> tuple[Array, train.ReasoningStats]:
-    """A step's loss over batches of several sizes: the mean of their `loss`es, each size
-    weighing alike, and of their statistics.
+    """A step's loss over batches of several sizes: the mean of their `loss`es (`warm` and
+    `penalty` as there; `reach` + `extra` steps with gradient), each size weighing alike, and
+    of their statistics.
 
     **Example:**
 
@@ -66,7 +90,11 @@ def mixed_loss(
     if not batches:
         raise ValueError("`batches` must hold at least one batch of mazes; got none")
     keys = jax.random.split(key, len(batches))
-    return train.mean_parts([loss(model, b, k) for b, k in zip(batches, keys)])
+    parts = [
+        loss(model, b, k, steps=reach(b.size) + extra, warm=warm, penalty=penalty)
+        for b, k in zip(batches, keys)
+    ]
+    return train.mean_parts(parts)
 
 
 def fit(
@@ -78,10 +106,12 @@ def fit(
     lr: float = 1e-3,
     clip: float = 1.0,
     seed: int = 0,
+    warm: float = 1.0,
+    penalty: float = 0.0,
 ) -> tuple[nn.GraphReasoner, list[float]]:
     """`steps` optimizer steps (AdamW at `lr` after clipping the gradient's global norm to
-    `clip`), each on `batch` fresh mazes of every one of `sizes`: the trained model and each
-    step's loss.
+    `clip`), each on `batch` fresh mazes of every one of `sizes` (`mixed_loss`, with `warm` and
+    `penalty`): the trained model and each step's loss.
 
     **Example:**
 
@@ -98,7 +128,9 @@ def fit(
         raise ValueError("`sizes` must name at least one maze size; got none")
     return train.reasoning_fit(
         model,
-        lambda optimizer: train.reasoning_step(optimizer, mixed_loss),
+        lambda optimizer: train.reasoning_step(
+            optimizer, lambda m, b, k: mixed_loss(m, b, k, warm=warm, penalty=penalty)
+        ),
         lambda rng: [draw_mazes(rng, batch, k) for k in sizes],
         steps=steps,
         lr=lr,

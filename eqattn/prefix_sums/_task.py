@@ -14,15 +14,7 @@ import jax
 import numpy as np
 
 from .. import nn, train
-from ..train import (
-    AbstractTask,
-    ConfigError,
-    Headline,
-    apply,
-    budget_sweep,
-    progress_bar,
-    run_line,
-)
+from ..train import ConfigError, ReasoningTask, run_line
 from ._config import PrefixSumsConfig
 from ._data import draw_batch, draw_bits, prefix_parity
 from ._model import PrefixSumsModel
@@ -57,7 +49,10 @@ def shaped(config: PrefixSumsConfig) -> PrefixSumsConfig:
         lambda: PrefixSumsModel.deq(config.dim, config.heads, key=jax.random.key(0))
     )
     assert config.depth is not None  # resolved by the configuration
-    dim, _, hidden = deq.reasoner.twin_shape(config.depth)
+    try:
+        dim, _, hidden = deq.reasoner.twin_shape(config.depth)
+    except ValueError as error:  # no twin of the DEQ's parameters at this depth
+        raise ConfigError(str(error)) from None
     return dataclasses.replace(config, width=dim, mlp_ratio=hidden / dim)
 
 
@@ -111,23 +106,10 @@ def evaluate_lengths(
     assert row["n"] == 6 and row["budget_rule"] == 124 and 0 <= row["at_rule"]["strings"] <= 1
     ```
     """
-    rows = []
-    for n in config.test_lengths:
-        bits, targets = _strings(10_000 + n, config.test_strings, n)
-        row: dict[str, Any] = dict(n=n, strings=len(bits), budget_rule=budget_for(n))
-        row["at_rule"] = score(model, bits, targets, budget=budget_for(n))
-        if model.is_deq and sweep:
-            steps = budgets or [max(2, n // 2), n, 2 * n, budget_for(n)]
-            row["sweep"], _ = budget_sweep(
-                sorted(set(steps)), lambda b: score(model, bits, targets, budget=b)
-            )
-        rows.append(row)
-        if tick is not None:
-            tick()
-    return rows
+    return PrefixSumsTask.evaluate_sizes(model, config, budgets, tick=tick, sweep=sweep)
 
 
-class PrefixSumsTask(AbstractTask):
+class PrefixSumsTask(ReasoningTask):
     """Bit strings of `lengths` bits drawn afresh for every step; after each epoch a fixed set
     of strings of the longest training length is scored (the validation score keeps
     `best.eqx`), at the end another, and strings `LONGER` times as long. `evaluate` scores
@@ -148,22 +130,48 @@ class PrefixSumsTask(AbstractTask):
     name = "prefix-sums"
     description = "a bit string's running parity, trained on short strings and tested on long"
     config_type = PrefixSumsConfig
-    score = "train_accuracy"
-    bar_name = "acc"
-    headline = Headline("validation_accuracy", "val", ".3f", ".2%", higher_is_better=True)
+    unit, part, part_metric = "strings", "bits", "test_bit_accuracy"
+    count_setting = "test_strings"
+    budget_rule = "4 n + 100"
     config: PrefixSumsConfig
 
-    def __init__(self, config: PrefixSumsConfig):
-        if jax.process_count() > 1:
-            raise ConfigError("the prefix-sums task runs in one process")
-        self.config = config
-        self.batch = config.batch_size * len(config.lengths)
-        self.steps_per_epoch = config.epoch_steps
-        self.examples = self.batch * self.steps_per_epoch
-        n = max(config.lengths)
-        self.validation = _strings(1, config.test_strings, n)
-        self.test = _strings(2, config.test_strings, n)
-        self.longer = _strings(3, config.test_strings, LONGER * n)
+    @classmethod
+    def sizes(cls, config):
+        return config.lengths
+
+    @classmethod
+    def test_sizes(cls, config):
+        return config.test_lengths
+
+    @classmethod
+    def draw(cls, config, rng):
+        return draw_batch(rng, config.batch_size, config.lengths)
+
+    @classmethod
+    def held_out(cls, config, seed, size):
+        return _strings(seed, config.test_strings, size)
+
+    @classmethod
+    def score_set(cls, model, instances, budget):
+        bits, targets = instances
+        return score(model, bits, targets, budget=budget)
+
+    @classmethod
+    def budget_for(cls, size):
+        return budget_for(size)
+
+    @classmethod
+    def longer_size(cls, size):
+        return LONGER * size
+
+    @classmethod
+    def sweep_budgets(cls, size):
+        return [max(2, size // 2), size, 2 * size, budget_for(size)]
+
+    @classmethod
+    def loss(cls, config, model, data, key):
+        bits, targets = data
+        return mixed_loss(model, bits, targets, key, extra=config.train_steps)
 
     @classmethod
     def with_shape(cls, config):
@@ -176,73 +184,15 @@ class PrefixSumsTask(AbstractTask):
         """A [`PrefixSumsModel`][eqattn.prefix_sums.PrefixSumsModel]: the DEQ, or its twin."""
         return build(config, key, dtype)
 
-    def example_batch(self):
-        rng = np.random.default_rng(0)
-        return draw_batch(rng, self.config.batch_size, self.config.lengths)
-
-    def batches(self, rng, place):
-        for _ in range(self.steps_per_epoch):
-            yield draw_batch(rng, self.config.batch_size, self.config.lengths), None
-
-    @classmethod
-    def train_step(cls, config, optimizer):
-        def step(model, opt_state, bits, targets, key, z0):
-            del z0  # no warm start
-            (loss, stats), grads = eqx.filter_value_and_grad(
-                lambda m: mixed_loss(m, bits, targets, key, extra=config.train_steps),
-                has_aux=True,
-            )(model)
-            return *apply(optimizer, model, opt_state, grads), loss, stats, None
-
-        return step
-
-    def _score(self, model, strings) -> dict[str, float]:
-        bits, targets = strings
-        return score(model, bits, targets, budget=budget_for(bits.shape[1]))
-
-    def test_metrics(self, model, final):
-        out = dict(validation_accuracy=self._score(model, self.validation)["strings"])
-        if final:
-            test, longer = self._score(model, self.test), self._score(model, self.longer)
-            out.update(
-                test_accuracy=test["strings"],
-                test_bit_accuracy=test["bits"],
-                test_mean_solver_steps=test["steps"],
-                test_converged=test["converged"],
-                test_accuracy_longer=longer["strings"],
-                test_converged_longer=longer["converged"],
-            )
-        return out
-
     def record(self, *, steps, train_time):
         m = self.config
-        shape: dict[str, Any] = {"dim": m.dim, "heads": m.heads}
-        if m.model == "explicit":
-            shape = {"depth": m.depth, "width": m.width, "mlp_ratio": m.mlp_ratio}
         return dict(
-            model_shape=shape,
+            model_shape=self.model_shape(m),
             lengths=list(m.lengths),
             longer_bits=LONGER * max(m.lengths),
             train_strings=steps * self.batch,
             test_strings=m.test_strings,
         )
-
-    @classmethod
-    def default_budgets(cls, config) -> list[int] | None:
-        return None  # per length (`evaluate_lengths`)
-
-    @classmethod
-    def evaluate(cls, model, config, header, budgets, progress):
-        total = len(config.test_lengths)
-        with progress_bar(total, "evaluate", progress, "length") as bar:
-            rows = evaluate_lengths(model, config, budgets, tick=bar.update)
-        return {
-            "model": config.model,
-            "trained_epochs": header.get("epoch"),
-            "trained_lengths": list(config.lengths),
-            "budget_rule": "4 n + 100",
-            "lengths": rows,
-        }
 
     @classmethod
     def summary(cls, metrics):
@@ -257,14 +207,14 @@ class PrefixSumsTask(AbstractTask):
     @classmethod
     def evaluation_report(cls, result):
         deq = result["model"] == "deq"
-        low, high = min(result["trained_lengths"]), max(result["trained_lengths"])
+        low, high = min(result["trained_sizes"]), max(result["trained_sizes"])
         lines = [
             f"prefix sums ({result['model']} model, trained on {low}-{high} bits): strings with "
             "every bit right"
             + (f", at the solver budget rule {result['budget_rule']}" if deq else ""),
             "   bits  strings  budget  steps  converged  strings right  bits right",
         ]
-        for r in result["lengths"]:
+        for r in result["sizes"]:
             a = r["at_rule"]
             solve = (
                 train.solve_cells(r["budget_rule"], a["steps"], a["converged"])
@@ -280,19 +230,13 @@ class PrefixSumsTask(AbstractTask):
         return lines
 
     @classmethod
-    def comparison(cls, runs):
-        """Each run's strings right at every test length (at the budget rule), side by side."""
-        scored = {}
-        for model, run in runs.items():
-            loaded = train.load_model(Path(run), cls)
-            rows = evaluate_lengths(loaded.model, loaded.config, sweep=False)
-            scored[model] = {r["n"]: r["at_rule"]["strings"] for r in rows}
-        low, high = min(loaded.config.lengths), max(loaded.config.lengths)
-        lines = [f"trained on strings of {low}-{high} bits; strings with every bit right:"]
-        for n in loaded.config.test_lengths:
-            cells = ", ".join(f"{m} {s[n]:.2%}" for m, s in scored.items())
-            lines.append(f"{n:>6} bits: {cells}")
-        return lines
+    def trained_on(cls, config):
+        low, high = min(config.lengths), max(config.lengths)
+        return f"trained on strings of {low}-{high} bits; strings with every bit right:"
+
+    @classmethod
+    def size_label(cls, n):
+        return f"{n:>6} bits"
 
 
 def load_model(run: str | os.PathLike, *, max_steps: int | None = None) -> eqx.Module:

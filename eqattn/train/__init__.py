@@ -60,6 +60,7 @@ from ._reasoning import (
     reasoning_score as reasoning_score,
     reasoning_step as reasoning_step,
 )
+from ._reasoning_task import ReasoningTask as ReasoningTask
 from ._step import (
     apply as apply,
     optimizer_of as optimizer_of,
@@ -83,6 +84,7 @@ __all__ = [
     "Headline",
     "Interrupted",
     "LoadedModel",
+    "ReasoningTask",
     "RunError",
     "Trainer",
     "TransformerConfig",

@@ -77,10 +77,13 @@ def reasoning_loss(
     *,
     steps: int,
     warm: int,
+    penalty: float = 0.0,
 ) -> tuple[Array, ReasoningStats]:
-    """The batch's mean cross-entropy and its `Stats`: a DEQ's after a random partial solve of
+    r"""The batch's mean cross-entropy and its `Stats`: a DEQ's after a random partial solve of
     at most `warm` steps and `steps` steps with gradient (module docstring), an explicit
-    model's of its output."""
+    model's of its output. With `penalty` $> 0$, a DEQ's loss adds `penalty` times the mean
+    relative residual $\lVert f(z) - z\rVert / \lVert f(z)\rVert$ of the state $z$ after
+    `steps` steps from zeros, with gradient: a push toward a fixed point."""
     inputs, targets = jnp.asarray(inputs), jnp.asarray(targets)
     if model.is_deq:
         logits, (count, residual, converged) = _deq_logits(model, inputs, graphs, key, steps, warm)
@@ -89,7 +92,18 @@ def reasoning_loss(
         count, residual, converged = jnp.array(0.0), jnp.array(0.0), jnp.array(1.0)
     right = jnp.mean(jnp.all(jnp.argmax(logits, -1) == targets, -1))
     loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
+    if penalty and model.is_deq:
+        loss = loss + penalty * _residual_from_zeros(model, inputs, graphs, steps)
     return loss, (right, count, residual, converged)
+
+
+def _residual_from_zeros(model: nn.GraphReasoner, inputs, graphs: Graph, steps: int) -> Array:
+    """The mean relative residual of the DEQ's state after `steps` steps from zeros."""
+    run = lambda count: batched(lambda c, g, z: model.unrolled(c, g, count, z0=z), graphs)  # noqa: E731
+    z = batched(lambda c, g: model.unrolled(c, g, steps)[1], graphs)(inputs)
+    fz = run(1)(inputs, z)[1]
+    norm = lambda a: jnp.linalg.norm(a.reshape(len(inputs), -1), axis=1)  # noqa: E731
+    return jnp.mean(norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny))
 
 
 @eqx.filter_jit

@@ -60,8 +60,8 @@ def test_evaluate_scores_every_length_as_numpy_does(pair, capsys, tmp_path):
     assert "prefix sums (deq model, trained on 2-3 bits)" in text and "against the budget" in text
     result = json.loads(out.read_text())
     model = prefix_sums.load_model(pair / "deq")
-    assert [r["n"] for r in result["lengths"]] == [5, 9]
-    for row in result["lengths"]:
+    assert [r["n"] for r in result["sizes"]] == [5, 9]
+    for row in result["sizes"]:
         n = row["n"]
         bits = np.random.default_rng(10_000 + n).integers(0, 2, (6, n))
         with jax.enable_x64(False):
