@@ -36,8 +36,8 @@ def test_the_command_trains_the_deq_and_its_twin_and_evaluate_scores_each_maze(
 ):
     """Both runs are recorded with their shapes (the twin as deep as `reach` of the largest
     training size, within 5% of the DEQ's parameters); `eqattn evaluate`'s share of mazes
-    solved at each size equals the count made here maze by maze from the model's answer on the
-    maze's own graph, and its budget sweep runs to the rule or stops where every solve
+    solved and of cells right at each size equal the counts made here maze by maze from the
+    model's answer on the maze's own graph, and its budget sweep runs to the rule or stops where every solve
     converged."""
     metrics = {m: json.loads((pair / m / "metrics.json").read_text()) for m in ("deq", "explicit")}
     deq, twin = metrics["deq"], metrics["explicit"]
@@ -57,12 +57,13 @@ def test_the_command_trains_the_deq_and_its_twin_and_evaluate_scores_each_maze(
     (row,) = json.loads(out.read_text())["sizes"]
     model = mazes.load_model(pair / "deq")
     test = mazes.draw_mazes(np.random.default_rng(10_000 + 5), 3, 5)
-    right = []
+    cells = []  # each maze's cells, right or not
     for inputs, passages, targets in zip(test.inputs, test.passages, test.targets):
         with jax.enable_x64(False):
             p = model.predict(inputs, mazes.maze_graph(passages, 5), budget=mazes.budget_for(5))
-        right.append(np.array_equal(np.argmax(np.asarray(p.logits), -1), targets))
-    assert row["n"] == 5 and row["at_rule"]["mazes"] == pytest.approx(np.mean(right))
+        cells.append(np.argmax(np.asarray(p.logits), -1) == targets)
+    assert row["n"] == 5 and row["at_rule"]["mazes"] == pytest.approx(np.mean(np.all(cells, 1)))
+    assert row["at_rule"]["cells"] == pytest.approx(np.mean(cells))
     assert row["budget_rule"] == mazes.budget_for(5) == 200
     sweep = row["sweep"]
     assert [s["max_steps"] for s in sweep] == [25, 50, 100, 200][: len(sweep)]
