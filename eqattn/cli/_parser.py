@@ -14,6 +14,7 @@ TASKS: dict[str, type[train.AbstractTask]] = {
     t.name: t
     for t in (
         graphs.GraphTask,
+        graphs.GenericGraphTask,
         digits.DigitsTask,
         text.TextTask,
         prefix_sums.PrefixSumsTask,

@@ -39,6 +39,12 @@ from ._config import GraphConfig as GraphConfig
 from ._edges import choose_parent as choose_parent
 from ._evaluation import examples as examples, hops as hops, score_parents as score_parents
 from ._families import FAMILIES as FAMILIES, Graphs as Graphs, sample as sample
+from ._generic import GenericGraphModel as GenericGraphModel, ParentHead as ParentHead
+from ._generic_task import (
+    GenericGraphConfig as GenericGraphConfig,
+    GenericGraphTask as GenericGraphTask,
+)
+from ._generic_training import generic_loss as generic_loss
 from ._model import (
     GraphDEQ as GraphDEQ,
     GraphStack as GraphStack,
@@ -73,12 +79,16 @@ __all__ = [
     "WEIGHTED_FAMILIES",
     "AbstractAlgorithm",
     "ConfigError",
+    "GenericGraphConfig",
+    "GenericGraphModel",
+    "GenericGraphTask",
     "GraphConfig",
     "GraphDEQ",
     "GraphPrediction",
     "GraphStack",
     "GraphTask",
     "Graphs",
+    "ParentHead",
     "ParentScores",
     "RunError",
     "ShortestPaths",
@@ -91,6 +101,7 @@ __all__ = [
     "examples",
     "from_adjacency",
     "from_edges",
+    "generic_loss",
     "hops",
     "is_forest",
     "load_model",

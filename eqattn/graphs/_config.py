@@ -67,8 +67,8 @@ class GraphConfig(Config):
         for name in ("dim", "rtol"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(algorithm, name))
-        if self.model == "explicit" and self.width is None and algorithm.explicit_width:
-            object.__setattr__(self, "width", algorithm.explicit_width)
+        if self.model == "explicit" and self.width is None and self.default_width:
+            object.__setattr__(self, "width", self.default_width)
         super().__post_init__()
         at_least(self, ("epoch_steps",), 1)
         low, high = self.graph_sizes
@@ -84,6 +84,12 @@ class GraphConfig(Config):
         return named_solver(
             self.solver, rtol=self.rtol, max_steps=self.max_steps, atol=0.0, elementwise=True
         )
+
+    @property
+    def default_width(self) -> int | None:
+        """The explicit twin's width where none is given: the algorithm's (None: the width
+        that gives it the DEQ's parameters)."""
+        return self.learned.explicit_width
 
     @property
     def learned(self) -> AbstractAlgorithm:

@@ -18,7 +18,7 @@ from ._graph import (
     ImplicitGraphAttention as ImplicitGraphAttention,
 )
 from ._graph_attention import GraphAttentionStep as GraphAttentionStep
-from ._graph_reasoner import GraphReasoner as GraphReasoner
+from ._graph_reasoner import GraphReasoner as GraphReasoner, twin_shape as twin_shape
 from ._graph_records import GraphRecordsStep as GraphRecordsStep
 from ._graph_step import AbstractGraphStep as AbstractGraphStep, GraphState as GraphState
 from ._graph_transformer import (

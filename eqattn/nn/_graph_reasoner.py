@@ -5,6 +5,8 @@ read-out of logits per node. The encoder and decoder are a task's only parts: bi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -227,23 +229,54 @@ def _size(tree) -> int:
 
 
 def _twin_shape(deq: GraphReasoner, depth: int) -> tuple[int, int, int]:
-    """`(dim, heads, hidden)` of `GraphReasoner.matched`. The count is affine in `hidden` and
-    in the depth: four counts of one- and two-step models give a width's best `hidden`."""
+    """`(dim, heads, hidden)` of `GraphReasoner.matched`."""
     if not deq.is_deq:
         raise TypeError("`matched` takes a DEQ's parameters; this model is explicit")
-    step, shape, target = _first_step(deq.core), deq.shape, _size(deq)
+    shape = deq.shape
+
+    def build(dim: int, heads: int, hidden: int, depth: int) -> GraphReasoner:
+        return GraphReasoner.explicit(
+            dim, heads, depth=depth, key=jax.random.key(0), hidden=hidden, **shape
+        )
+
+    return twin_shape(_size(deq), _first_step(deq.core), depth, build)
+
+
+def twin_shape(
+    target: int,
+    step: GraphTransformerStep,
+    depth: int,
+    build: Callable[[int, int, int, int], eqx.Module],
+) -> tuple[int, int, int]:
+    """`(dim, heads, hidden)` of the explicit model of `depth` untied steps that has `target`
+    parameters within 5% (of those that do, the one whose MLP is nearest `2 * dim` units;
+    heads: the most, at most `step`'s, that divide `dim`); `build(dim, heads, hidden, depth)`
+    builds one (only its shapes are evaluated). The count is affine in `hidden` and in the
+    depth: four counts of one- and two-step models give a width's best `hidden`. A
+    `ValueError` if no shape is within 5%. (A model with parts besides its steps, e.g. a
+    decoder whose size follows the width, is matched whole: `build` builds all of it.)
+
+    **Example:**
+
+    ```python
+    import equinox as eqx, jax
+    from eqattn import nn
+
+    deq = nn.GraphReasoner.deq(16, 2, categories=2, classes=2, edge_features=1,
+                               key=jax.random.key(0))
+    def build(dim, heads, hidden, depth):
+        return nn.GraphReasoner.explicit(dim, heads, depth=depth, hidden=hidden, categories=2,
+                                         classes=2, edge_features=1, key=jax.random.key(0))
+    size = lambda m: sum(x.size for x in jax.tree.leaves(eqx.filter(m, eqx.is_array)))
+    dim, heads, hidden = nn.twin_shape(size(deq), deq.core.step, 4, build)
+    assert abs(size(build(dim, heads, hidden, 4)) / size(deq) - 1) <= 0.05
+    ```
+    """
 
     def count(dim: int, heads: int, hidden: int) -> int:
         """The parameters of `depth` steps (from those of one and two)."""
         one, two = (
-            _size(
-                eqx.filter_eval_shape(
-                    lambda d=d: GraphReasoner.explicit(
-                        dim, heads, depth=d, key=jax.random.key(0), hidden=hidden, **shape
-                    )
-                )
-            )
-            for d in (1, 2)
+            _size(eqx.filter_eval_shape(lambda d=d: build(dim, heads, hidden, d))) for d in (1, 2)
         )
         return one + (depth - 1) * (two - one)
 

@@ -213,7 +213,9 @@ def test_explicit_text_model_has_the_deqs_parameters_within_5_percent(
     assert abs(count(explicit) - deq) <= 0.05 * deq
 
 
-@pytest.mark.parametrize("task", ["graphs", "digits", "text", "prefix-sums", "mazes"])
+@pytest.mark.parametrize(
+    "task", ["graphs", "generic-graphs", "digits", "text", "prefix-sums", "mazes"]
+)
 def test_the_command_trains_the_python_configuration(monkeypatch, tmp_path, task):
     """`eqattn train --task TASK` trains with the task's configuration as Python builds it,
     defaults and changed fields alike, for either model; so do the text benchmark's candidate

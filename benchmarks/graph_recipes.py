@@ -1,0 +1,177 @@
+"""`python -m benchmarks.graph_recipes [--algorithm A] [--model deq|explicit] [--steps N]
+[--dim D] [--heads H] [--unroll S] [--warm W] [--penalty P] [--lr LR] [--out FILE]`: the
+generic graph model (`eqattn.graphs.GenericGraphModel`: the library's generic graph
+transformer, nothing of the algorithm in its step) learning BFS, shortest paths or the minimum
+spanning tree from the parents alone, measured (the findings page's figures of the generic
+graph models come from it).
+
+The DEQ (`GenericGraphModel.deq(D, H)`, Picard to a relative residual of 1e-4) trained `N`
+optimizer steps (AdamW, warm-up over N/20 steps then cosine decay from `LR`, weight decay 1e-4,
+gradient norm clipped to 1), each on 32 fresh graphs of 8-16 nodes of the algorithm's families
+(`eqattn train --task graphs`'s data: `GraphTask.batches`), by `graphs.generic_loss`: a partial
+solve of at most `W` steps without gradient from zeros or a random start, then `S` steps with
+gradient (default 16: a graph of 16 nodes is at most 15 edges deep); with `P > 0`, plus `P`
+times the relative residual of the state after `S` steps from zeros (a push toward a fixed
+point). Then on 8 graphs of each family at 16, 64 and 256 nodes (seed 7 + n), through
+`graphs.predict` at its budget rule 2 n + 8: the share of nodes with a valid parent (ties:
+any; the spanning tree: its tie rule's), the share unresolved (-1), the solves' steps and
+convergence; for the DEQ also its trained step tied and run `S` times (the fair control of the
+twin), and the DEQ at 4 x the budget, with its stopping test and without (the overthinking
+control: exactly 4 x the budget's steps). Every size is also scored before training (the
+untrained model at its initialisation, seed 0).
+
+`--model explicit` trains the DEQ's explicit twin of equal parameters instead
+(`GenericGraphModel.matched`, `S` untied steps) by the same recipe (no partial solve, no
+penalty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+
+from eqattn import Picard, graphs, nn, train
+
+SIZES = (16, 64, 256)
+GRAPHS = 8
+
+
+def _tied(model: graphs.GenericGraphModel, steps: int) -> graphs.GenericGraphModel:
+    """The DEQ's step, tied and run `steps` times from zeros (an explicit model)."""
+    stack = nn.ExplicitGraphTransformer([model.core.step] * steps)  # type: ignore[union-attr]
+    return eqx.tree_at(lambda m: m.core, model, stack)
+
+
+def _unstopped(model: graphs.GenericGraphModel, steps: int) -> graphs.GenericGraphModel:
+    """The DEQ solving exactly `steps` steps (a stopping test only an exact fixed point
+    passes)."""
+    return eqx.tree_at(lambda m: m.core.solver, model, Picard(rtol=1e-30, atol=0.0,
+                                                                max_steps=steps))  # fmt: skip
+
+
+HOPS = ((0, 15), (16, 31), (32, 63), (64, 255))
+"""Buckets of edges from the source (the training graphs are at most 15 deep)."""
+
+
+def _score(model, families, n: int, times: int = 1) -> dict:
+    """Shares over 8 graphs of each family of `n` nodes: nodes with a valid parent, nodes
+    unresolved; by family and by hops from the source (`HOPS`); the solves' steps and
+    convergence."""
+    right, unresolved, steps, converged = [], [], [], []
+    by_family, hop = {}, []
+    for i, family in enumerate(families):
+        g = graphs.sample_weighted(family, n, GRAPHS, seed=7 + n + 1000 * i)
+        out = graphs.predict(model, g.graph, g.source, budget=times * graphs.budget_for(n))
+        ok = graphs.score_parents(g, out.parent, model.algorithm)
+        right.append(ok.ravel())
+        unresolved.append((out.parent < 0).ravel())
+        hop.append(graphs.hops(g).ravel())
+        by_family[family] = float(ok.mean())
+        steps.append(float(out.steps.mean()))
+        converged.append(float(out.converged.mean()))
+    ok, h = np.concatenate(right), np.concatenate(hop)
+    by_hops = {
+        f"{lo}-{hi}": float(ok[(h >= lo) & (h <= hi)].mean())
+        for lo, hi in HOPS
+        if ((h >= lo) & (h <= hi)).any()
+    }
+    return dict(
+        right=float(ok.mean()),
+        unresolved=float(np.concatenate(unresolved).mean()),
+        steps=float(np.mean(steps)),
+        converged=float(np.mean(converged)),
+        by_family=by_family,
+        by_hops=by_hops,
+    )
+
+
+def _scores(model, families, unroll: int) -> list[dict]:
+    rows = []
+    for n in SIZES:
+        row = dict(n=n, model=_score(model, families, n))
+        line = (
+            f"{n} nodes: right {row['model']['right']:.4f}, unresolved "
+            f"{row['model']['unresolved']:.4f}"
+        )
+        if model.is_deq:
+            row["tied"] = tied = _score(_tied(model, unroll), families, n)
+            row["4x budget"] = more = _score(model, families, n, 4)
+            budget = 4 * graphs.budget_for(n)
+            row["4x budget, no stop"] = _score(_unstopped(model, budget), families, n, 4)
+            line += (
+                f", steps {row['model']['steps']:.0f}, converged "
+                f"{row['model']['converged']:.2f}; tied x{unroll} {tied['right']:.4f}; 4x "
+                f"budget {more['right']:.4f} (converged {more['converged']:.2f}), no stop "
+                f"{row['4x budget, no stop']['right']:.4f}"
+            )
+        rows.append(row)
+        print(line, flush=True)
+        hops = ", ".join(f"{k}: {v:.3f}" for k, v in row["model"]["by_hops"].items())
+        print(f"    by hops {hops}", flush=True)
+    return rows
+
+
+def run(algorithm: str, kind: str, steps: int, dim: int, heads: int, unroll: int, warm: int,
+        penalty: float, lr: float) -> dict:  # fmt: skip
+    model = graphs.GenericGraphModel.deq(dim, heads, algorithm, key=jax.random.key(0))
+    if kind == "explicit":
+        model = graphs.GenericGraphModel.matched(model, depth=unroll, key=jax.random.key(1))
+    task = graphs.GraphTask(graphs.GraphConfig(algorithm=algorithm, epoch_steps=steps))
+    params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+    print(f"{algorithm} {kind}: {params} parameters; untrained:", flush=True)
+    untrained = _scores(model, task.families, unroll)
+    schedule = optax.warmup_cosine_decay_schedule(0, lr, max(steps // 20, 1), steps)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=1e-4)
+    )
+    state = optimizer.init(eqx.filter(model, eqx.is_array))
+    loss = lambda m, batch, key: graphs.generic_loss(  # noqa: E731
+        m, *batch, key, steps=unroll, warm=warm, penalty=penalty
+    )
+    update = train.reasoning_step(optimizer, loss)
+    key, start = jax.random.key(0), time.time()
+    for i, (batch, _) in enumerate(task.batches(np.random.default_rng(0), None)):
+        key, sub = jax.random.split(key)
+        model, state, value, stats = update(model, state, batch, sub)
+        if i % 250 == 0 or i == steps - 1:
+            print(
+                f"step {i}: {time.time() - start:.0f} s, loss {float(value):.4f}, "
+                f"right {float(stats[0]):.3f}, residual {float(stats[2]):.4f}",
+                flush=True,
+            )
+    train_s = round(time.time() - start, 1)
+    print("trained:", flush=True)
+    return dict(algorithm=algorithm, model=kind, params=params, steps=steps, dim=dim,
+                heads=heads, unroll=unroll, warm=warm, penalty=penalty, lr=lr,
+                train_s=train_s, untrained=untrained,
+                sizes=_scores(model, task.families, unroll))  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithm", choices=tuple(graphs.ALGORITHMS), default="bfs")
+    parser.add_argument("--model", choices=("deq", "explicit"), default="deq")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--unroll", type=int, default=16)
+    parser.add_argument("--warm", type=int, default=16)
+    parser.add_argument("--penalty", type=float, default=0.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--out", default=None, help="a JSON file for the result")
+    args = parser.parse_args(argv)
+    result = run(args.algorithm, args.model, args.steps, args.dim, args.heads, args.unroll,
+                 args.warm, args.penalty, args.lr)  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
