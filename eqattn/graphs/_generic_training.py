@@ -69,8 +69,9 @@ def generic_loss(
 ) -> tuple[Array, ReasoningStats]:
     r"""The batch's mean loss over its real nodes and its statistics: the share of them whose
     chosen parent is valid, and for a DEQ the steps run, the mean relative residual of the last
-    states and the share within the solver's tolerance (module docstring); `inputs, targets` as [`graphs.examples`][eqattn.graphs.examples]
-    gives them, a batch of graphs padded to one size. With `penalty` $> 0$, a DEQ's loss adds
+    states and the share within the solver's tolerance (module docstring); `inputs, targets`
+    as [`graphs.examples`][eqattn.graphs.examples] gives them, a batch of graphs padded to one
+    size. With `penalty` $> 0$, a DEQ's loss adds
     `penalty` times the mean relative residual $\lVert f(z) - z\rVert / \lVert f(z)\rVert$
     of its state after `steps` steps from zeros, with gradient: a push toward a fixed point.
 
