@@ -10,6 +10,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
+from .. import nn
 from ..train import Config, ConfigError, apply, at_least, non_negative, setting
 from ._config import GraphConfig
 from ._generic import GenericGraphModel
@@ -133,7 +134,7 @@ class GenericGraphTask(GraphTask):
             return _deq(config, key, dtype)
         config = _shaped(config)
         hidden = max(1, round(config.mlp_ratio * config.width))
-        heads = max(h for h in range(1, config.heads + 1) if config.width % h == 0)
+        heads = nn.GraphReasoner.twin_heads(config.width, config.heads)
         return GenericGraphModel.explicit(
             config.width, heads, config.algorithm, depth=config.depth, key=key, hidden=hidden,
             dtype=dtype,
