@@ -9,52 +9,18 @@ its output."""
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
-from .._solve import tolerances
-from ..train import ReasoningStats
+from ..train import ReasoningStats, Run, partial_solve, residual_from_zeros
 from ._evaluation import parent_scores
 from ._generic import GenericGraphModel
 
 
-def _scores(model: GenericGraphModel, inputs, key, steps: int, warm: int):
-    """The batch's parent scores: a DEQ's after a random partial solve (module docstring),
-    with the steps run, the mean relative residual of its last states and the share of them
-    within the solver's relative tolerance (an explicit model's: 0, 0 and 1)."""
-    if not model.is_deq:
-        scores = jax.vmap(lambda x: model.predict(x).logits)(inputs)
-        return scores, (jnp.array(0.0), jnp.array(0.0), jnp.array(1.0))
-    kp, kz, ks = jax.random.split(key, 3)
-    partial = jax.random.randint(kp, (), 0, warm + 1)
-    anchors = jnp.asarray(inputs[1])
-    dtype = model.encoder.weight.dtype
-    scale = jax.random.bernoulli(ks).astype(dtype)
-    z0 = scale * jax.random.normal(kz, (*anchors.shape, model.encoder.weight.shape[0]), dtype)
-    params, static = eqx.partition(model, eqx.is_array)
-    frozen = eqx.combine(jax.lax.stop_gradient(params), static)
-    start = jax.vmap(lambda x, z: frozen.unrolled(x, partial, z0=z)[1])(inputs, z0)
-    scores, z = jax.vmap(lambda x, z: model.unrolled(x, steps, z0=z))(inputs, start)
-    fz = jax.vmap(lambda x, z: frozen.unrolled(x, 1, z0=z)[1])(inputs, jax.lax.stop_gradient(z))
-    residual = _relative(fz, z)
-    rtol = tolerances(model.core.solver)[0]  # type: ignore[union-attr]
-    total = (partial + steps).astype(residual.dtype)
-    return scores, (total, jnp.mean(residual), jnp.mean(residual <= rtol))
-
-
-def _relative(fz: Array, z: Array) -> Array:
-    """Per graph: the relative residual `||f(z) - z|| / ||f(z)||`."""
-    norm = lambda a: jnp.linalg.norm(a.reshape(a.shape[0], -1), axis=1)  # noqa: E731
-    return norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny)
-
-
-def _residual_from_zeros(model: GenericGraphModel, inputs, steps: int) -> Array:
-    """The mean relative residual of the DEQ's state after `steps` steps from zeros."""
-    z = jax.vmap(lambda x: model.unrolled(x, steps)[1])(inputs)
-    fz = jax.vmap(lambda x, z: model.unrolled(x, 1, z0=z)[1])(inputs, z)
-    return jnp.mean(_relative(fz, z))
+def _run(inputs) -> Run:
+    """`train.Run` of a generic model over the batch `inputs`."""
+    return lambda m, count, z0: jax.vmap(lambda x, z: m.unrolled(x, count, z0=z))(inputs, z0)  # noqa: E731
 
 
 def generic_loss(
@@ -90,11 +56,18 @@ def generic_loss(
     assert loss > 0 and 0 <= right <= 1 and 4 <= steps <= 12
     ```
     """
-    scores, (count, residual, converged) = _scores(model, inputs, key, steps, warm)
+    if model.is_deq:
+        anchors = jnp.asarray(inputs[1])
+        scores, (count, residual, converged) = partial_solve(
+            _run(inputs), model, key, anchors.shape, steps, warm
+        )
+    else:
+        scores = jax.vmap(lambda x: model.predict(x).logits)(inputs)
+        count, residual, converged = jnp.array(0.0), jnp.array(0.0), jnp.array(1.0)
     loss, right = parent_scores(scores, inputs, targets)
     real = jnp.asarray(targets[2]).astype(loss.dtype)
     nodes = jnp.sum(real)
     total = jnp.sum(loss * real) / nodes
     if penalty and model.is_deq:
-        total = total + penalty * _residual_from_zeros(model, inputs, steps)
+        total = total + penalty * residual_from_zeros(_run(inputs), model, steps)
     return total, (jnp.sum(right * real) / nodes, count, residual, converged)

@@ -53,12 +53,15 @@ from ._models import (
 from ._placement import on_host as on_host
 from ._reasoning import (
     ReasoningStats as ReasoningStats,
+    Run as Run,
     mean_parts as mean_parts,
+    partial_solve as partial_solve,
     reasoning_fit as reasoning_fit,
     reasoning_loss as reasoning_loss,
     reasoning_paths as reasoning_paths,
     reasoning_score as reasoning_score,
     reasoning_step as reasoning_step,
+    residual_from_zeros as residual_from_zeros,
 )
 from ._reasoning_task import ReasoningTask as ReasoningTask
 from ._step import (

@@ -47,25 +47,51 @@ the mean steps run, the mean relative residual of its last state ($\lVert f(z) -
 tolerance only); an explicit model's are 0, 0 and 1."""
 
 
-def _deq_logits(model: nn.GraphReasoner, inputs, graphs: Graph, key, steps: int, warm: int):
-    """The DEQ's logits after a random partial solve of at most `warm` steps and `steps` steps
-    (module docstring), and the statistics of its last states."""
+Run = Callable[[Any, Any, Any], tuple[Any, Array]]
+"""`run(model, count, z0)`: the batch's output and state after `count` of `model`'s steps from
+`z0` (`[b, ...]` states, or `None`: zeros), as `(out, z)`."""
+
+
+def relative_residual(fz: Array, z: Array) -> Array:
+    r"""Per instance (leading axis): $\lVert f(z) - z\rVert / \lVert f(z)\rVert$."""
+    norm = lambda a: jnp.linalg.norm(a.reshape(a.shape[0], -1), axis=1)  # noqa: E731
+    return norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny)
+
+
+def partial_solve(
+    run: Run, model, key: PRNGKeyArray, shape: tuple[int, ...], steps: int, warm: int
+):
+    """A DEQ's output after a random partial solve of at most `warm` steps (no gradient) and
+    `steps` steps with gradient (module docstring), from a start of `shape` plus the state's
+    width; with the statistics of its last states (`ReasoningStats` less the share right).
+    `model` has an `encoder` (a linear map to the state) and a `core` with a `solver`."""
     kp, kz, ks = jax.random.split(key, 3)
     partial = jax.random.randint(kp, (), 0, warm + 1)
     dtype = model.encoder.weight.dtype
     scale = jax.random.bernoulli(ks).astype(dtype)
-    z0 = scale * jax.random.normal(kz, (*inputs.shape, model.encoder.weight.shape[0]), dtype)
+    z0 = scale * jax.random.normal(kz, (*shape, model.encoder.weight.shape[0]), dtype)
     params, static = eqx.partition(model, eqx.is_array)
     frozen = eqx.combine(jax.lax.stop_gradient(params), static)
-    run = lambda m, count: batched(lambda c, g, z: m.unrolled(c, g, count, z0=z), graphs)  # noqa: E731
-    start = run(frozen, partial)(inputs, z0)[1]
-    logits, z = run(model, steps)(inputs, start)
-    fz = run(frozen, 1)(inputs, jax.lax.stop_gradient(z))[1]
-    norm = lambda a: jnp.linalg.norm(a.reshape(len(inputs), -1), axis=1)  # noqa: E731
-    residual = norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny)
-    rtol = tolerances(model.core.solver)[0]  # type: ignore[union-attr]
+    start = run(frozen, partial, z0)[1]
+    out, z = run(model, steps, start)
+    residual = relative_residual(run(frozen, 1, jax.lax.stop_gradient(z))[1], z)
+    rtol = tolerances(model.core.solver)[0]
     total = (partial + steps).astype(residual.dtype)
-    return logits, (total, jnp.mean(residual), jnp.mean(residual <= rtol))
+    return out, (total, jnp.mean(residual), jnp.mean(residual <= rtol))
+
+
+def residual_from_zeros(run: Run, model, steps: int) -> Array:
+    """The mean relative residual of a DEQ's state after `steps` steps from zeros, with
+    gradient (the residual penalty)."""
+    z = run(model, steps, None)[1]
+    return jnp.mean(relative_residual(run(model, 1, z)[1], z))
+
+
+def _runner(inputs, graphs: Graph) -> Run:
+    """`Run` of a reasoner over the batch `inputs, graphs`."""
+    return lambda m, count, z0: batched(  # noqa: E731
+        lambda c, g, z: m.unrolled(c, g, count, z0=z), graphs
+    )(inputs, z0)
 
 
 def reasoning_loss(
@@ -86,24 +112,18 @@ def reasoning_loss(
     `steps` steps from zeros, with gradient: a push toward a fixed point."""
     inputs, targets = jnp.asarray(inputs), jnp.asarray(targets)
     if model.is_deq:
-        logits, (count, residual, converged) = _deq_logits(model, inputs, graphs, key, steps, warm)
+        run = _runner(inputs, graphs)
+        logits, (count, residual, converged) = partial_solve(
+            run, model, key, inputs.shape, steps, warm
+        )
     else:
         logits = batched(lambda c, g: model.predict(c, g).logits, graphs)(inputs)
         count, residual, converged = jnp.array(0.0), jnp.array(0.0), jnp.array(1.0)
     right = jnp.mean(jnp.all(jnp.argmax(logits, -1) == targets, -1))
     loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
     if penalty and model.is_deq:
-        loss = loss + penalty * _residual_from_zeros(model, inputs, graphs, steps)
+        loss = loss + penalty * residual_from_zeros(_runner(inputs, graphs), model, steps)
     return loss, (right, count, residual, converged)
-
-
-def _residual_from_zeros(model: nn.GraphReasoner, inputs, graphs: Graph, steps: int) -> Array:
-    """The mean relative residual of the DEQ's state after `steps` steps from zeros."""
-    run = lambda count: batched(lambda c, g, z: model.unrolled(c, g, count, z0=z), graphs)  # noqa: E731
-    z = batched(lambda c, g: model.unrolled(c, g, steps)[1], graphs)(inputs)
-    fz = run(1)(inputs, z)[1]
-    norm = lambda a: jnp.linalg.norm(a.reshape(len(inputs), -1), axis=1)  # noqa: E731
-    return jnp.mean(norm(fz - z) / jnp.maximum(norm(fz), jnp.finfo(fz.dtype).tiny))
 
 
 @eqx.filter_jit
