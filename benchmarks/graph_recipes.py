@@ -1,5 +1,6 @@
 """`python -m benchmarks.graph_recipes [--algorithm A] [--model deq|explicit] [--steps N]
-[--dim D] [--heads H] [--unroll S] [--warm W] [--penalty P] [--lr LR] [--out FILE]`: the
+[--dim D] [--heads H] [--unroll S] [--warm W] [--penalty P] [--lr LR] [--out FILE]
+[--of RUN]`: the
 generic graph model (`eqattn.graphs.GenericGraphModel`: the library's generic graph
 transformer, nothing of the algorithm in its step) learning BFS, shortest paths or the minimum
 spanning tree from the parents alone, measured (the findings page's figures of the generic
@@ -20,6 +21,11 @@ twin), and the DEQ at 4 x the budget, with its stopping test and without (the ov
 control: exactly 4 x the budget's steps). Every size is also scored before training (the
 untrained model at its initialisation, seed 0).
 
+Then the trained model on networkx's generators at 64 and 256 nodes (`generated`), and a DEQ's
+fade (`fade`: how far the source's signal carries in its fixed point, along a 64-node path).
+`--of RUN` trains nothing and reports those two of a saved run's model (`eqattn train --task
+generic-graphs`; the findings page's figures of the command's BFS runs).
+
 `--model explicit` trains the DEQ's explicit twin of equal parameters instead
 (`GenericGraphModel.matched`, `S` untied steps) by the same recipe (no partial solve, no
 penalty).
@@ -30,12 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import equinox as eqx
 import jax
 import numpy as np
 import optax
 
+from benchmarks import _generators
 from eqattn import Picard, graphs, nn, train
 
 SIZES = (16, 64, 256)
@@ -117,6 +125,64 @@ def _scores(model, families, unroll: int) -> list[dict]:
     return rows
 
 
+FADE_NODES = 64
+FADE_HOPS = (0, 1, 8, 15, 16, 20, 24, 28, 32, 48, 62)
+
+
+def fade(model: graphs.GenericGraphModel) -> dict:
+    r"""How far the source's signal carries in the DEQ's fixed point: on a path of `FADE_NODES`
+    nodes from its first node (weights 1), the distance between the states of neighbouring
+    nodes (`||z[h+1] - z[h]||`, node `h` is `h` edges from the source) at the hops
+    `FADE_HOPS`; where it is 0 the states no longer tell how far a node is. With the solve's
+    steps and convergence, and the learned factors of the heads' inverse temperatures
+    ($\gamma$ of $\gamma / \sqrt{d_k}$)."""
+    n = FADE_NODES
+    g = graphs.from_edges(n, [[(i, i + 1) for i in range(n - 1)]], [0])
+    (graph, anchors), _ = graphs.examples(g, model.algorithm)
+    one = jax.tree.map(lambda a: a[0], (graph, anchors))
+    out = model.predict(one, budget=graphs.budget_for(n))
+    z = np.asarray(out.fixed_point, np.float64)
+    step = np.linalg.norm(np.diff(z, axis=0), axis=1)
+    gamma = np.exp(np.asarray(model.core.step.log_gamma))  # type: ignore[union-attr]
+    return dict(
+        nodes=n,
+        neighbour_distance={h: float(step[h]) for h in FADE_HOPS},
+        steps=int(out.steps),
+        converged=bool(out.converged),
+        gamma=[float(x) for x in gamma],
+    )
+
+
+def generated(model: graphs.GenericGraphModel) -> list[dict]:
+    """The share of nodes with a valid parent on 8 graphs of each of networkx's generators
+    (`benchmarks._generators.GENERATORS`: weights uniform in (0, 1], nodes in a random order, a
+    random source) at 64 and 256 nodes, through `graphs.predict` at its budget rule; none
+    without networkx."""
+    if not _generators.available():
+        return []
+    rows = []
+    for n in (64, 256):
+        for name in _generators.GENERATORS:
+            g = _generators.draw(name, n, GRAPHS, seed=n)
+            out = graphs.predict(model, g.graph, g.source, budget=graphs.budget_for(n))
+            ok = graphs.score_parents(g, out.parent, model.algorithm)
+            rows.append(dict(family=name, n=n, right=float(ok.mean()),
+                             unresolved=float((out.parent < 0).mean())))  # fmt: skip
+        line = ", ".join(f"{r['family']} {r['right']:.4f}" for r in rows if r["n"] == n)
+        print(f"networkx's generators at {n} nodes: {line}", flush=True)
+    return rows
+
+
+def _print_fade(row: dict) -> None:
+    steps = ", ".join(f"{h}: {d:.3g}" for h, d in row["neighbour_distance"].items())
+    print(
+        f"fade on a {row['nodes']}-node path (||z[h+1] - z[h]|| by hop h): {steps}; "
+        f"{row['steps']} steps, converged {row['converged']}; gamma "
+        + ", ".join(f"{x:.2f}" for x in row["gamma"]),
+        flush=True,
+    )
+
+
 def run(algorithm: str, kind: str, steps: int, dim: int, heads: int, unroll: int, warm: int,
         penalty: float, lr: float) -> dict:  # fmt: skip
     model = graphs.GenericGraphModel.deq(dim, heads, algorithm, key=jax.random.key(0))
@@ -147,10 +213,30 @@ def run(algorithm: str, kind: str, steps: int, dim: int, heads: int, unroll: int
             )
     train_s = round(time.time() - start, 1)
     print("trained:", flush=True)
-    return dict(algorithm=algorithm, model=kind, params=params, steps=steps, dim=dim,
-                heads=heads, unroll=unroll, warm=warm, penalty=penalty, lr=lr,
-                train_s=train_s, untrained=untrained,
-                sizes=_scores(model, task.families, unroll))  # fmt: skip
+    result = dict(algorithm=algorithm, model=kind, params=params, steps=steps, dim=dim,
+                  heads=heads, unroll=unroll, warm=warm, penalty=penalty, lr=lr,
+                  train_s=train_s, untrained=untrained,
+                  sizes=_scores(model, task.families, unroll))  # fmt: skip
+    result["generated"] = generated(model)
+    if model.is_deq:
+        result["fade"] = fade(model)
+        _print_fade(result["fade"])
+    return result
+
+
+def _of(path: str) -> dict:
+    """A saved run's model and, first, the same model untrained (the run's initialisation):
+    on networkx's generators, and a DEQ's fade."""
+    loaded = train.load_model(path, graphs.GenericGraphTask)
+    model: Any = loaded.model
+    print("untrained:", flush=True)
+    untrained = generated(train.initial_model(graphs.GenericGraphTask, loaded.config))  # type: ignore[arg-type]
+    print("trained:", flush=True)
+    result = dict(run=path, untrained=untrained, generated=generated(model))
+    if model.is_deq:
+        result["fade"] = fade(model)
+        _print_fade(result["fade"])
+    return result
 
 
 def main(argv=None) -> None:
@@ -165,9 +251,17 @@ def main(argv=None) -> None:
     parser.add_argument("--penalty", type=float, default=0.0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", default=None, help="a JSON file for the result")
+    parser.add_argument(
+        "--of", default=None, metavar="RUN",
+        help="no training: a saved run's model (of `eqattn train --task generic-graphs`) on "
+        "networkx's generators, and a DEQ's fade",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    result = run(args.algorithm, args.model, args.steps, args.dim, args.heads, args.unroll,
-                 args.warm, args.penalty, args.lr)  # fmt: skip
+    if args.of:
+        result = _of(args.of)
+    else:
+        result = run(args.algorithm, args.model, args.steps, args.dim, args.heads, args.unroll,
+                     args.warm, args.penalty, args.lr)  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
