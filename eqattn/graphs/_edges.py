@@ -29,16 +29,18 @@ def parent_loss_and_right(
     self_ok: Bool[Array, " n"],
 ):
     """Per node: minus the log-probability of its valid parents (a softmax over its candidate
-    parents: its incoming edges' senders and itself), and whether the chosen parent
-    (`choose_parent`) is valid."""
+    parents: its incoming edges' senders and itself), and whether every candidate of the
+    highest score is valid (so any choice among tied candidates is; a tie with an invalid one
+    counts as wrong, whatever order would break it)."""
     n = own.shape[0]
     s, snd, rcv = _with_self(scores, own, graph)
     ok = jnp.concatenate([edge_ok, self_ok])
     loss = segment_logsumexp(s, rcv, n) - segment_logsumexp(jnp.where(ok, s, -jnp.inf), rcv, n)
-    parent = choose_parent(scores, own, graph)
-    chosen = snd == parent.at[rcv].get(mode="fill", fill_value=-1)
-    right = jax.ops.segment_max((chosen & ok).astype(jnp.int32), rcv, num_segments=n) > 0
-    return loss, right
+    top = jax.ops.segment_max(s, rcv, num_segments=n)
+    best = s >= top.at[rcv].get(mode="fill", fill_value=jnp.inf)
+    wrong = jax.ops.segment_max((best & ~ok).astype(jnp.int32), rcv, num_segments=n) > 0
+    named = jax.ops.segment_max(best.astype(jnp.int32), rcv, num_segments=n) > 0
+    return loss, named & ~wrong
 
 
 def choose_parent(

@@ -59,6 +59,19 @@ def test_tied_best_candidates_are_unresolved_not_broken_by_the_tie_rule():
     source = np.arange(10) == g.source[:, None]
     assert out.reachable.all() and (out.parent[source] == g.source).all()
     assert (out.parent[~source] == -1).all()
+    # the training statistic reads ties alike, whatever order would break them: a node counts
+    # only if every candidate of the highest score is a valid parent (here every neighbour;
+    # the source's only candidate is itself), counted in numpy from the hops
+    inputs, targets = graphs.examples(g, model.algorithm)
+    key = jax.random.key(0)
+    _, (right, *_) = graphs.generic_loss(model, inputs, targets, key, steps=1, warm=0)
+    hops, want = graphs.hops(g), []
+    for b in range(2):
+        snd, rcv = np.asarray(g.graph.senders[b]), np.asarray(g.graph.receivers[b])
+        real = rcv < 10
+        valid = hops[b][snd[real]] == hops[b][rcv[real]] - 1
+        want += [v == g.source[b] or valid[rcv[real] == v].all() for v in range(10)]
+    assert float(right) == pytest.approx(np.mean(want)) and 0 < np.mean(want) < 0.5
 
 
 def test_the_twin_has_the_deqs_parameters_and_the_controls_refuse_what_they_cannot():
