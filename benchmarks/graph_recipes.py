@@ -1,6 +1,6 @@
 """`python -m benchmarks.graph_recipes [--algorithm A] [--model deq|explicit] [--steps N]
-[--dim D] [--heads H] [--unroll S] [--warm W] [--penalty P] [--lr LR] [--out FILE]
-[--of RUN]`: the
+[--dim D] [--heads H] [--unroll S] [--warm W] [--penalty P] [--lr LR] [--seed K]
+[--out FILE] [--of RUN]`: the
 generic graph model (`eqattn.graphs.GenericGraphModel`: the library's generic graph
 transformer, nothing of the algorithm in its step) learning BFS, shortest paths or the minimum
 spanning tree from the parents alone, measured (the findings page's figures of the generic
@@ -25,6 +25,9 @@ Then the trained model on networkx's generators at 64 and 256 nodes (`generated`
 fade (`fade`: how far the source's signal carries in its fixed point, along a 64-node path).
 `--of RUN` trains nothing and reports those two of a saved run's model (`eqattn train --task
 generic-graphs`; the findings page's figures of the command's BFS runs).
+
+`--seed K` draws the model (its twin: key K + 1), the training graphs and the partial solves
+from `K` (default 0); the evaluation graphs are the same for every seed.
 
 `--model explicit` trains the DEQ's explicit twin of equal parameters instead
 (`GenericGraphModel.matched`, `S` untied steps) by the same recipe (no partial solve, no
@@ -184,10 +187,10 @@ def _print_fade(row: dict) -> None:
 
 
 def run(algorithm: str, kind: str, steps: int, dim: int, heads: int, unroll: int, warm: int,
-        penalty: float, lr: float) -> dict:  # fmt: skip
-    model = graphs.GenericGraphModel.deq(dim, heads, algorithm, key=jax.random.key(0))
+        penalty: float, lr: float, seed: int = 0) -> dict:  # fmt: skip
+    model = graphs.GenericGraphModel.deq(dim, heads, algorithm, key=jax.random.key(seed))
     if kind == "explicit":
-        model = graphs.GenericGraphModel.matched(model, depth=unroll, key=jax.random.key(1))
+        model = graphs.GenericGraphModel.matched(model, depth=unroll, key=jax.random.key(seed + 1))
     task = graphs.GraphTask(graphs.GraphConfig(algorithm=algorithm, epoch_steps=steps))
     params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
     print(f"{algorithm} {kind}: {params} parameters; untrained:", flush=True)
@@ -201,8 +204,8 @@ def run(algorithm: str, kind: str, steps: int, dim: int, heads: int, unroll: int
         m, *batch, key, steps=unroll, warm=warm, penalty=penalty
     )
     update = train.reasoning_step(optimizer, loss)
-    key, start = jax.random.key(0), time.time()
-    for i, (batch, _) in enumerate(task.batches(np.random.default_rng(0), None)):
+    key, start = jax.random.key(seed), time.time()
+    for i, (batch, _) in enumerate(task.batches(np.random.default_rng(seed), None)):
         key, sub = jax.random.split(key)
         model, state, value, stats = update(model, state, batch, sub)
         if i % 250 == 0 or i == steps - 1:
@@ -213,7 +216,7 @@ def run(algorithm: str, kind: str, steps: int, dim: int, heads: int, unroll: int
             )
     train_s = round(time.time() - start, 1)
     print("trained:", flush=True)
-    result = dict(algorithm=algorithm, model=kind, params=params, steps=steps, dim=dim,
+    result = dict(algorithm=algorithm, model=kind, seed=seed, params=params, steps=steps, dim=dim,
                   heads=heads, unroll=unroll, warm=warm, penalty=penalty, lr=lr,
                   train_s=train_s, untrained=untrained,
                   sizes=_scores(model, task.families, unroll))  # fmt: skip
@@ -250,6 +253,7 @@ def main(argv=None) -> None:
     parser.add_argument("--warm", type=int, default=16)
     parser.add_argument("--penalty", type=float, default=0.0)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="a JSON file for the result")
     parser.add_argument(
         "--of", default=None, metavar="RUN",
@@ -261,7 +265,7 @@ def main(argv=None) -> None:
         result = _of(args.of)
     else:
         result = run(args.algorithm, args.model, args.steps, args.dim, args.heads, args.unroll,
-                     args.warm, args.penalty, args.lr)  # fmt: skip
+                     args.warm, args.penalty, args.lr, args.seed)  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
