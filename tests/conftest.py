@@ -21,6 +21,11 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+# ... and one MLIR context for the worker's lowerings (see `benchmarks/_one_context.py`).
+from benchmarks import _one_context  # noqa: E402
+
+_one_context.use_one()
+
 
 @pytest.fixture(autouse=True)
 def _dtype_of_the_test(request):
@@ -87,6 +92,7 @@ def _release_compiled_programs():
     across modules, and a worker that keeps every module's programs grows to several GB."""
     yield
     jax.clear_caches()
+    _one_context.release()
     gc.collect()
 
 
