@@ -39,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 LIMIT_S = 8 * 60
+ACCELERATOR_TESTS = "tests/attention"
+"""The folder of every `accelerator`-marked test: the step collects it alone (the whole suite
+takes longer to collect than these run; `tests/test_benchmarks.py` checks none is elsewhere)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Step:
 
     def command(self, out: Path, dry_run: bool) -> list[str]:
         if self.name == "tests":
-            return [sys.executable, "-m", "pytest", "-m", "accelerator", "-n", "0", "-q", "tests"]
+            return [sys.executable, "-m", "pytest", "-m", "accelerator", "-n", "0", "-q", ACCELERATOR_TESTS]
         short = self.name in ("training", "text")
         size = ["--quick"] if dry_run else ["--short"] if short else []
         return [sys.executable, "-m", "benchmarks", self.name, *size, "--out", str(out)]

@@ -393,28 +393,29 @@ def test_quick_benchmark_runs(suite, tmp_path, capsys, request):
     assert len(list((tmp_path / "plots").glob("*.png"))) == 1
 
 
-def test_gpu_command_steps_resume_and_list(tmp_path):
-    # The first call runs the first step not done (the accelerator-only tests, all skipped on a
-    # CPU), the next call would run the second; --list says which files each step left.
-    def gpu(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "benchmarks", "gpu", "--out", str(tmp_path), *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+def test_gpu_command_steps_resume_and_list(tmp_path, capsys):
+    """The first call runs the first step not done (the accelerator-only tests, all skipped on a
+    CPU), the next call would run the second; --list says which files each step left. (In this
+    process: the command's own entry runs in `test_quick_benchmark_runs[kernel]`.)"""
+    from benchmarks.gpu import main as gpu
 
-    first = gpu("--dry-run")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "step 1/10: tests" in first.stdout and "steps left: kernel," in first.stdout
+    assert gpu(["--out", str(tmp_path), "--dry-run"]) == 0, capsys.readouterr().err[-3000:]
+    first = capsys.readouterr().out
+    assert "step 1/10: tests" in first and "steps left: kernel," in first
     report = (tmp_path / "accelerator-tests.txt").read_text()
     assert "skipped" in report and "deselected" in report  # selected by marker, none failed
-    listing = gpu("--list").stdout
+    assert gpu(["--out", str(tmp_path), "--list"]) == 0
+    listing = capsys.readouterr().out
     assert "1. tests:" in listing and "[accelerator-tests.txt]" in listing
     assert "2. kernel:" in listing and "[not done]" in listing
-    bad = gpu("--step", "nine")
-    assert bad.returncode != 0 and "no step 'nine'" in bad.stderr
+    with pytest.raises(SystemExit, match="no step 'nine'"):
+        gpu(["--out", str(tmp_path), "--step", "nine"])
+    # the step collects one folder: every accelerator-only test is in it
+    from benchmarks.gpu import ACCELERATOR_TESTS
+
+    tests = set((ROOT / "tests").rglob("test_*.py")) - {Path(__file__)}
+    marked = {p for p in tests if "mark.accelerator" in p.read_text()}
+    assert marked and all(p.is_relative_to(ROOT / ACCELERATOR_TESTS) for p in marked), marked
 
 
 def test_results_name_the_tree_that_made_them(monkeypatch, tmp_path):
