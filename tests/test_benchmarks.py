@@ -282,19 +282,23 @@ CHECKS = {
 }
 
 
-# The slowest suites first, so that they start first on the test workers; the two quickest run
-# side by side in `test_quick_suites_run_side_by_side`.
-_SLOW_FIRST = ("deq", "training", "layers", "core", "ring", "scaling", "memory", "kernel")
-_TOGETHER = ("causal", "closure")
-_ORDER = sorted(
-    (s for s in SUITES if s not in _TOGETHER),
-    key=lambda s: _SLOW_FIRST.index(s) if s in _SLOW_FIRST else len(SUITES),
-)
-
-
 _THROUGH_GPU_COMMAND = "kernel"
 """The suite run through `benchmarks gpu --dry-run` (one of its steps, and quick)."""
 assert _THROUGH_GPU_COMMAND in {s.name for s in STEPS}
+_TOGETHER = ("causal", "closure")
+"""The two quickest suites, run side by side in `test_quick_suites_run_side_by_side`."""
+_GROUPS = (
+    ("text",),
+    ("graphs", "graphs_engine", "spanning"),
+    ("text_frontier", "reasoning"),
+    ("training", "deq", "layers"),
+    ("scaling", "core", "ring", "memory"),
+    (_THROUGH_GPU_COMMAND,),
+)
+"""The other suites, a few to a process (`--jobs 1`: one after the other), the slowest groups
+first so that they start first on the test workers: a process of its own and a report for each
+suite cost more than most suites' quick run."""
+assert sorted(sum(_GROUPS, _TOGETHER)) == sorted(SUITES)
 
 
 def _quick_environment() -> dict[str, str]:
@@ -350,38 +354,40 @@ def test_a_suite_that_fails_is_named_after_the_others_end(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suite", _ORDER)
-def test_quick_benchmark_runs(suite, tmp_path, capsys, request):
+@pytest.mark.parametrize("group", _GROUPS, ids="+".join)
+def test_quick_benchmark_runs(group, tmp_path, capsys, request):
     # On 2 CPU devices so the multi-device rows run too (timings are not checked here, so the
     # suite's fast-compile flag applies too).
     # One suite of the GPU command runs through its dry run (so the command cannot rot while no
     # GPU is lent: its steps start the suites' `--quick` alike); the others directly. The graphs
     # suite reads the suite's shared BFS runs.
     env = _quick_environment()
-    if suite == "graphs":
+    if "graphs" in group:
         from benchmarks.graphs import REUSE
 
         env[REUSE] = str(request.getfixturevalue("graph_runs") / "runs" / "graphs")
-    if suite == _THROUGH_GPU_COMMAND:
-        command = ["benchmarks", "gpu", "--dry-run", "--step", suite]
+    if group == (_THROUGH_GPU_COMMAND,):
+        command = ["gpu", "--dry-run", "--step", *group]
     else:
-        command = ["benchmarks", suite, "--quick"]
-    result = _benchmarks(*command[1:], "--out", str(tmp_path), env=env)
+        command = [*group, "--quick", "--jobs", "1"]
+    result = _benchmarks(*command, "--out", str(tmp_path), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    if command[1] != "gpu":  # the suite's time, at the end
-        assert re.search(rf"\nsuite times:\n{suite} +[\d.]+ s\ntotal ", result.stdout)
-    (path,) = tmp_path.glob("*.json")
-    assert path.name.startswith(f"{suite}-quick"), path.name
-    payload = json.loads(path.read_text())
-    assert payload["rows"] and payload["device"]["platform"] and payload["versions"]["jax"]
-    CHECKS.get(suite, lambda _: None)(payload)
+    if command[0] != "gpu":  # each suite's time, at the end
+        times = result.stdout.split("\nsuite times:\n")[-1]
+        assert all(re.search(rf"^{suite} +[\d.]+ s$", times, re.M) for suite in group), times
+    for suite in group:
+        (path,) = tmp_path.glob(f"{suite}-*.json")
+        assert path.name.startswith(f"{suite}-quick"), path.name
+        payload = json.loads(path.read_text())
+        assert payload["rows"] and payload["device"]["platform"] and payload["versions"]["jax"]
+        CHECKS.get(suite, lambda _: None)(payload)
 
     # the report prints quick results with --quick (marked), and says why it prints nothing
     from benchmarks.report import main as report
 
     report(["--results", str(tmp_path), "--quick"])
     out = capsys.readouterr().out
-    assert out.count("(--quick: tiny sizes") == 1
+    assert out.count("(--quick: tiny sizes") == len(group)
     report(["--results", str(tmp_path)])
     printed = capsys.readouterr()
     assert printed.out == "" and "pass --quick to print those" in printed.err
@@ -390,7 +396,7 @@ def test_quick_benchmark_runs(suite, tmp_path, capsys, request):
     from benchmarks.plot import main as plot
 
     plot(["--results", str(tmp_path), "--out", str(tmp_path / "plots")])
-    assert len(list((tmp_path / "plots").glob("*.png"))) == 1
+    assert len(list((tmp_path / "plots").glob("*.png"))) == len(group)
 
 
 def test_gpu_command_steps_resume_and_list(tmp_path, capsys):
