@@ -69,23 +69,28 @@ def reference(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "failpoint",
-    ["step:2:1", "write:checkpoint.eqx@2", "write:metrics.json@2"],
-    ids=["mid-epoch", "mid-checkpoint-write", "mid-metrics-write"],
-)
-def test_sigkill_then_resume_ends_where_an_uninterrupted_run_does(reference, tmp_path, failpoint):
-    killed = _train(tmp_path, *TINY, failpoint=failpoint)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    # what the kill left: a loadable last-good checkpoint and a valid metrics.json
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+def _killed_leaves_the_last_epoch(out):
+    """What a kill left: a loadable last-good checkpoint (of epoch 1) and a valid metrics.json."""
+    metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["epochs_done"] == 1 and metrics["status"] == "running"
-    code = main(["evaluate", "--checkpoint", str(tmp_path), "--steps", "2"])
-    assert code == 0
-    if failpoint == "step:2:1":  # a plain rerun refuses to replace it
-        again = _train(tmp_path, *TINY)
-        assert again.returncode == 1 and "holds a run" in _one_line(again.stderr)
+    assert main(["evaluate", "--checkpoint", str(out), "--steps", "2"]) == 0
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_where_an_uninterrupted_run_does(reference, tmp_path):
+    """Killed mid-epoch, then its resumption killed mid-checkpoint-write, then that one's
+    mid-metrics-write (each kill in the second epoch): each leaves the last good epoch; a plain
+    rerun refuses to replace the run; the last resumption ends with the uninterrupted run's
+    model, history and accuracy, and no temporary file."""
+    killed = _train(tmp_path, *TINY, failpoint="step:2:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    _killed_leaves_the_last_epoch(tmp_path)
+    again = _train(tmp_path, *TINY)
+    assert again.returncode == 1 and "holds a run" in _one_line(again.stderr)
+    for write in ("checkpoint.eqx", "metrics.json"):
+        killed = _train(tmp_path, "--resume", failpoint=f"write:{write}")
+        assert killed.returncode == -signal.SIGKILL, (write, killed.stderr)
+        _killed_leaves_the_last_epoch(tmp_path)
     resumed = _train(tmp_path, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert _model_bytes(tmp_path) == _model_bytes(reference)
