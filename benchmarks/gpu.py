@@ -51,7 +51,8 @@ class Step:
 
     def command(self, out: Path, dry_run: bool) -> list[str]:
         if self.name == "tests":
-            return [sys.executable, "-m", "pytest", "-m", "accelerator", "-n", "0", "-q", ACCELERATOR_TESTS]
+            pytest = [sys.executable, "-m", "pytest", "-m", "accelerator", "-n", "0", "-q"]
+            return [*pytest, ACCELERATOR_TESTS]
         short = self.name in ("training", "text")
         size = ["--quick"] if dry_run else ["--short"] if short else []
         return [sys.executable, "-m", "benchmarks", self.name, *size, "--out", str(out)]

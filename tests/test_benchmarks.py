@@ -1,5 +1,5 @@
-"""The benchmark runner works end to end at small sizes, one suite per test (timings are not
-checked here)."""
+"""The benchmark runner works end to end at small sizes, every suite (timings are not checked
+here)."""
 
 import importlib.util
 import json
