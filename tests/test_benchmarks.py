@@ -289,15 +289,17 @@ _TOGETHER = ("causal", "closure")
 """The two quickest suites, run side by side in `test_quick_suites_run_side_by_side`."""
 _GROUPS = (
     ("text",),
-    ("graphs", "graphs_engine", "spanning"),
     ("text_frontier", "reasoning"),
     ("training", "deq", "layers"),
     ("scaling", "core", "ring", "memory"),
     (_THROUGH_GPU_COMMAND,),
+    ("graphs", "graphs_engine", "spanning"),
 )
-"""The other suites, a few to a process (`--jobs 1`: one after the other), the slowest groups
-first so that they start first on the test workers: a process of its own and a report for each
-suite cost more than most suites' quick run."""
+"""The other suites, a few to a process (`--jobs 1`: one after the other): a process of its own
+and a report for each suite cost more than most suites' quick run. The slowest groups first, so
+that they start first on the test workers, but the graphs suite's last: it reads the shared
+`graph_runs`, and a worker that asks for them while another makes them waits, idle (the group
+second: 102 s in one CI run; its three suites apart took 61 s in a run that found them made)."""
 assert sorted(sum(_GROUPS, _TOGETHER)) == sorted(SUITES)
 
 
