@@ -476,3 +476,23 @@ def test_the_operations_profile_names_where_time_goes(capsys):
     assert deq["ops_per_byte"] > explicit["ops_per_byte"] > 0
     assert deq["steps_warm"] >= 1 and deq["steps_zeros"] >= 1
     assert "graph_attention on cpu (nodes 256, graph delaunay, calls 1):" in capsys.readouterr().out
+
+
+def test_the_workers_lower_into_one_mlir_context_until_released(monkeypatch):
+    """`benchmarks/_one_context.py` (on in the test workers): one MLIR context for every
+    lowering, a new one after `release`, and the same program text as JAX's own contexts."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src.interpreters import mlir
+
+    from benchmarks import _one_context
+
+    assert _one_context.use_one() and mlir.make_ir_context is not _one_context._made
+    first = mlir.make_ir_context()
+    assert mlir.make_ir_context() is first
+    _one_context.release()
+    assert mlir.make_ir_context() is not first
+    x = jnp.ones((3, 4))
+    shared = jax.jit(lambda x: jnp.tanh(x) @ x.T).lower(x).as_text()
+    monkeypatch.setattr(mlir, "make_ir_context", _one_context._made)  # JAX's own
+    assert jax.jit(lambda x: jnp.tanh(x) @ x.T).lower(x).as_text() == shared
