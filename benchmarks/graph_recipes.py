@@ -32,6 +32,10 @@ from `K` (default 0); the evaluation graphs are the same for every seed.
 `--model explicit` trains the DEQ's explicit twin of equal parameters instead
 (`GenericGraphModel.matched`, `S` untied steps) by the same recipe (no partial solve, no
 penalty).
+
+Each run writes its figures to `--out FILE`; `benchmarks/results/graph_recipes-cpu.json`
+collects the committed runs' under `rows`, and `python -m benchmarks.report` prints them as one
+table per algorithm (the median of the seeds and their range, at each size, for every control).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import numpy as np
 import optax
 
 from benchmarks import _generators
+from benchmarks._harness import markdown_table
 from eqattn import Picard, graphs, nn, train
 
 SIZES = (16, 64, 256)
@@ -240,6 +245,65 @@ def _of(path: str) -> dict:
         result["fade"] = fade(model)
         _print_fade(result["fade"])
     return result
+
+
+CASES = (
+    ("the DEQ", "deq", "sizes", "model"),
+    ("the DEQ untrained", "deq", "untrained", "model"),
+    ("its step tied x16", "deq", "sizes", "tied"),
+    ("4 x the budget", "deq", "sizes", "4x budget"),
+    ("4 x the budget, no stop", "deq", "sizes", "4x budget, no stop"),
+    ("the explicit twin", "explicit", "sizes", "model"),
+    ("the explicit twin untrained", "explicit", "untrained", "model"),
+)
+"""A table's rows: (label, the runs' model, their part, the case within it)."""
+
+
+def shares(rows: list[dict], algorithm: str, case: tuple) -> dict[int, list[float]]:
+    """Size -> one case's share of parents right, a value per seed's run."""
+    _, kind, part, name = case
+    out: dict[int, list[float]] = {}
+    for run in rows:
+        if run.get("algorithm") == algorithm and run["model"] == kind:
+            for size in run[part]:
+                if name in size:
+                    out.setdefault(size["n"], []).append(size[name]["right"])
+    return out
+
+
+def _cell(values: list[float]) -> str:
+    mid = 100 * float(np.median(values))
+    if len(values) == 1 or min(values) == max(values):
+        return f"{mid:.2f}%"
+    return f"{mid:.2f}% ({100 * min(values):.2f}-{100 * max(values):.2f})"
+
+
+def table(payload: dict) -> str:
+    """Per algorithm: parents right at each size (the median over the seeds' runs, min-max)
+    of the DEQ and every control; then the runs' parameters and training times."""
+    rows = [r for r in payload["rows"] if "algorithm" in r]
+    parts = []
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+        seeds = sorted({r.get("seed", 0) for r in rows if r["algorithm"] == algorithm})
+        body = []
+        for case in CASES:
+            by_n = shares(rows, algorithm, case)
+            if by_n:
+                body.append([case[0], *[_cell(by_n[n]) for n in sorted(by_n)]])
+        sizes = sorted(shares(rows, algorithm, CASES[0]))
+        header = [f"{algorithm} (seeds {', '.join(map(str, seeds))}): parents right",
+                  *[f"{n} nodes" for n in sizes]]  # fmt: skip
+        parts.append(markdown_table(header, body))
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r["algorithm"], r["model"]), []).append(r)
+    body = [
+        [a, m, f"{rs[0]['params']:,}", f"{rs[0]['steps']}", f"{len(rs)}",
+         f"{np.median([r['train_s'] for r in rs]):.0f}"]
+        for (a, m), rs in runs.items()
+    ]  # fmt: skip
+    header = ["algorithm", "model", "params", "optimizer steps", "seeds", "training s (median)"]
+    return "\n\n".join([*parts, markdown_table(header, body)])
 
 
 def main(argv=None) -> None:

@@ -324,6 +324,20 @@ def _reasoning(fig, rows):
                logy=False)  # fmt: skip
 
 
+def _graph_recipes(fig, rows):
+    from benchmarks.graph_recipes import CASES, shares  # the table's cases, the same medians
+
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows if "algorithm" in r))
+    for ax, algorithm in zip(fig.subplots(1, len(algorithms)), algorithms):
+        series = {}
+        for case in CASES:
+            by_n = shares(rows, algorithm, case)
+            if by_n:
+                series[case[0]] = [(n, 100 * statistics.median(v)) for n, v in sorted(by_n.items())]
+        title = f"{algorithm}: the generic graph model"
+        _lines(ax, series, "nodes", "parents right (%, median of seeds)", title, logy=False)
+
+
 PLOTS = {
     "core": _core,
     "causal": _causal,
@@ -341,6 +355,7 @@ PLOTS = {
     "graphs_engine": _graphs_engine,
     "spanning": _spanning,
     "reasoning": _reasoning,
+    "graph_recipes": _graph_recipes,
 }
 
 
