@@ -43,6 +43,7 @@ from ._generic import GenericGraphModel as GenericGraphModel, ParentHead as Pare
 from ._generic_task import (
     GenericGraphConfig as GenericGraphConfig,
     GenericGraphTask as GenericGraphTask,
+    load_model as load_model,
 )
 from ._generic_training import generic_loss as generic_loss
 from ._model import (
@@ -62,7 +63,6 @@ from ._scores import distance_table as distance_table
 from ._task import (
     GraphTask as GraphTask,
     evaluate_sizes as evaluate_sizes,
-    load_model as load_model,
 )
 from ._weighted import (
     WEIGHTED_FAMILIES as WEIGHTED_FAMILIES,

@@ -5,12 +5,14 @@ from its parents alone, on the graph task's data, scores and evaluation."""
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
 import jax
 
-from .. import nn
+from .. import nn, train
 from ..train import Config, ConfigError, apply, at_least, non_negative, setting
 from ._config import GraphConfig
 from ._generic import GenericGraphModel
@@ -173,3 +175,25 @@ class GenericGraphTask(GraphTask):
         if m.model == "explicit":
             shape = {"depth": m.depth, "width": m.width, "mlp_ratio": m.mlp_ratio}
         return {**super().record(steps=steps, train_time=train_time), "model_shape": shape}
+
+
+def load_model(run: str | os.PathLike, *, max_steps: int | None = None) -> eqx.Module:
+    """The model of a graphs run, of `eqattn train --task graphs` or `--task generic-graphs`
+    (its directory, or a checkpoint file: the run's `best.eqx` is its best validated model),
+    for [`predict`][eqattn.graphs.predict]; its DEQ's step limit raised to `max_steps` if given
+    ([`eqattn.train.load_model`][] gives the configuration and header too).
+
+    **Example:**
+
+    ```python
+    from eqattn import graphs
+
+    try:
+        graphs.load_model("no/such/run")
+    except graphs.RunError as error:
+        assert str(error).startswith("checkpoint not found")
+    ```
+    """
+    _, header = train.read_header(run)
+    task = GenericGraphTask if header.get("task") == GenericGraphTask.name else GraphTask
+    return train.load_model(Path(run), task, max_steps).model

@@ -4,11 +4,9 @@ takes as many steps as the graph is deep."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
 import jax
 import numpy as np
 
@@ -227,23 +225,3 @@ class GraphTask(AbstractTask):
             "a valid parent by hops from the source"
         )
         return [head, *distance_lines(tables)]
-
-
-def load_model(run: str | os.PathLike, *, max_steps: int | None = None) -> eqx.Module:
-    """The model of a graphs run (its directory, or a checkpoint file: the run's `best.eqx` is
-    its best validated model), for [`predict`][eqattn.graphs.predict]; its DEQ's step limit
-    raised to `max_steps` if given ([`eqattn.train.load_model`][] gives the configuration and
-    header too).
-
-    **Example:**
-
-    ```python
-    from eqattn import graphs
-
-    try:
-        graphs.load_model("no/such/run")
-    except graphs.RunError as error:
-        assert str(error).startswith("checkpoint not found")
-    ```
-    """
-    return train.load_model(Path(run), GraphTask, max_steps).model

@@ -165,3 +165,8 @@ def test_the_command_trains_each_generic_model(tmp_path, capsys):
     assert abs(runs["explicit"]["params"] / runs["deq"]["params"] - 1) <= 0.05
     twin = train.load_model(tmp_path / "explicit", graphs.GenericGraphTask).model
     assert len(twin.core.steps) == 4 and twin.algorithm.name == "shortest-paths"
+    # `graphs.load_model` reads either graph task's runs, by the task its header names
+    deq = graphs.load_model(tmp_path / "deq", max_steps=77)
+    assert isinstance(deq, graphs.GenericGraphModel) and deq.is_deq
+    assert deq.core.solver.max_steps == 77
+    assert eqx.tree_equal(graphs.load_model(tmp_path / "explicit"), twin)
