@@ -37,6 +37,7 @@ SUITES = (
     "graphs_engine",
     "spanning",
     "reasoning",
+    "reasoning_mazes",
 )
 
 

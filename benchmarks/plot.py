@@ -7,6 +7,8 @@ One figure per results file (`<file>.png`), drawn from its rows alone. Needs mat
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import statistics
 from collections import defaultdict
@@ -306,22 +308,25 @@ def _spanning(fig, rows):
         _lines(ax, series, "entries carried (k)", "nodes tied (%)", title, logy=False)
 
 
-def _reasoning(fig, rows):
+def _reasoning_task(fig, rows, suite: str):
+    """A reasoning suite's instances right against size and, at the largest, solver steps
+    (medians over the seeds), every case a line."""
+    parts = importlib.import_module(f"benchmarks.{suite}").PARTS
     axes = fig.subplots(1, 2)
     sizes = [r for r in rows if r["part"] == "size"]
     median = lambda rs, x: [  # noqa: E731
-        (v, 100 * statistics.median([r["strings"] for r in rs if r[x] == v]))
+        (v, 100 * statistics.median([r[parts.unit] for r in rs if r[x] == v]))
         for v in sorted({r[x] for r in rs})
     ]
     cases = dict.fromkeys(r["case"] for r in sizes)
     series = {c: median([r for r in sizes if r["case"] == c], "n") for c in cases}
-    _lines(axes[0], series, "bits", "strings right (%)", "prefix sums against size", logy=False)
+    right = f"{parts.unit} right (%)"
+    _lines(axes[0], series, parts.size, right, f"{parts.name} against size", logy=False)
     budget = [r for r in rows if r["part"] == "budget"]
     if budget:
-        n = budget[0]["n"]
+        title = f"the DEQ at {parts.label(budget[0]['n'])}"
         series = {"deq": median(budget, "budget")}
-        _lines(axes[1], series, "solver steps", "strings right (%)", f"the DEQ at {n} bits",
-               logy=False)  # fmt: skip
+        _lines(axes[1], series, "solver steps", right, title, logy=False)
 
 
 def _graph_recipes(fig, rows):
@@ -354,7 +359,8 @@ PLOTS = {
     "graphs": _graphs,
     "graphs_engine": _graphs_engine,
     "spanning": _spanning,
-    "reasoning": _reasoning,
+    "reasoning": functools.partial(_reasoning_task, suite="reasoning"),
+    "reasoning_mazes": functools.partial(_reasoning_task, suite="reasoning_mazes"),
     "graph_recipes": _graph_recipes,
 }
 

@@ -14,7 +14,7 @@ from ._harness import RESULTS, load_results, result_paths, source_line  # noqa: 
 SUITES = (
     "core", "causal", "kernel", "training", "memory", "deq", "layers", "scaling", "ring",
     "closure", "text", "text_frontier", "graphs", "graphs_engine", "spanning", "reasoning",
-    "graph_recipes", "compile",
+    "reasoning_mazes", "graph_recipes", "compile",
 )  # fmt: skip
 
 

@@ -45,3 +45,20 @@ def transcripts():
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+DOCS_BLOCKS_RUN_BY_TESTS = {
+    "docs/guide/reasoning.md[python block 0]": "tests/prefix_sums/test_prefix_sums.py",
+}
+"""Docs examples that a test runs itself and goes on from (the README-example test leaves them
+to it): the reasoning guide's trains the prefix-sums recipe that test checks."""
+
+
+def docs_block(name: str) -> str:
+    """The Python block `PAGE[python block I]` of the README or a docs page, as written."""
+    import re
+    from pathlib import Path
+
+    page, index = re.fullmatch(r"(.+)\[python block (\d+)\]", name).groups()
+    text = (Path(__file__).parent.parent / page).read_text()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)[int(index)]

@@ -9,6 +9,8 @@ from pathlib import Path
 import jax
 import pytest
 
+from .checks import DOCS_BLOCKS_RUN_BY_TESTS
+
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
 BENCHMARKS_PAGE = ROOT / "docs" / "benchmarks.md"
@@ -18,10 +20,19 @@ BLOCKS = [
     for page in PAGES
     for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))
 ]
+"""Every Python block of the README and the docs pages, by name."""
 
 
 def test_readme_has_examples():
     assert BLOCKS
+
+
+def test_blocks_run_by_other_tests_are_run_there():
+    """A block left to another test (it trains what that test goes on to check) is a block
+    that exists, and that test runs it by name."""
+    names = {name for name, _ in BLOCKS}
+    for name, test_file in DOCS_BLOCKS_RUN_BY_TESTS.items():
+        assert name in names and f'docs_block("{name}")' in (ROOT / test_file).read_text()
 
 
 def test_the_docs_cite_test_files_that_exist():
@@ -33,7 +44,10 @@ def test_the_docs_cite_test_files_that_exist():
     assert sorted(name for name in cited if not (ROOT / name).is_file()) == []
 
 
-@pytest.mark.parametrize("name, block", BLOCKS, ids=[name for name, _ in BLOCKS])
+RUN_HERE = [(name, block) for name, block in BLOCKS if name not in DOCS_BLOCKS_RUN_BY_TESTS]
+
+
+@pytest.mark.parametrize("name, block", RUN_HERE, ids=[name for name, _ in RUN_HERE])
 def test_readme_example_runs(name, block, request, monkeypatch):
     # as a reader runs them: JAX's default float32 (the suite switches float64 on elsewhere);
     # a block that reads `eqattn train`'s graph runs runs where the suite trained them once

@@ -12,6 +12,8 @@ from scipy.special import logsumexp
 from eqattn import nn, prefix_sums
 from eqattn._solve import Picard
 
+from ..checks import docs_block
+
 
 def test_the_targets_and_the_chain_are_what_they_say(rng):
     bits = prefix_sums.draw_bits(rng, 5, 13)
@@ -101,17 +103,22 @@ def test_the_explicit_twin_has_the_deqs_parameters():
 
 
 @pytest.mark.float32
-def test_trained_on_short_strings_the_deq_solves_longer_ones():
-    """The recipe on a small version of the task (float32, as users train; 16 channels, 2
-    heads, 600 steps of 8 strings of 4 and 8 of 8 bits): the DEQ solved to its fixed point is
-    right on strings of 32 bits, where its step run as many times as for the longest training
-    strings (the tied control) is not, nor the untrained layer solved. (Measured with the
-    suite's XLA settings: 100% of strings, every solve converged, in about 49 steps; untrained
-    0% (49% of bits). 400 steps of 16 strings each: 92% of strings, 72% of solves converged;
-    other seeds at 600 steps: 100% of strings, 84-100% converged.)"""
-    untrained = prefix_sums.PrefixSumsModel.deq(16, 2, key=jax.random.key(0))
-    model, losses = prefix_sums.fit(untrained, steps=STEPS, lengths=(4, 8), batch=8, lr=3e-3)
+def test_trained_on_short_strings_the_deq_solves_longer_ones(capsys):
+    """The recipe on a small version of the task, as the reasoning guide's example trains it
+    (run here, once; float32, as users train; 16 channels, 2 heads, 600 steps of 8 strings of 4
+    and 8 of 8 bits): the DEQ solved to its fixed point is right on strings of 32 and 64 bits,
+    where its step run as many times as for the longest training strings (the tied control) is
+    not, nor the untrained layer solved. (Measured with the suite's XLA settings: 100% of
+    32-bit strings, every solve converged, in about 49 steps; untrained 0% (49% of bits). 400
+    steps of 16 strings each: 92% of strings, 72% of solves converged; other seeds at 600
+    steps: 100% of strings, 84-100% converged.)"""
+    guide: dict = {}
+    exec(docs_block("docs/guide/reasoning.md[python block 0]"), guide)
+    model, losses, out = guide["model"], guide["losses"], guide["out"]
+    assert capsys.readouterr().out == f"{out}\n"  # what the guide's example prints
     assert np.mean(losses[-20:]) < 0.05, losses[-20:]
+    assert out["strings"] >= 0.9, out  # 64-bit strings
+    untrained = prefix_sums.PrefixSumsModel.deq(16, 2, key=jax.random.key(0))
     bits = prefix_sums.draw_bits(np.random.default_rng(1), 64, 32)
     targets = prefix_sums.prefix_parity(bits)
     budget = 4 * 32 + 100
@@ -128,6 +135,3 @@ def test_trained_on_short_strings_the_deq_solves_longer_ones():
     # path independence: from random starts, the same answers at the same fixed points
     paths = prefix_sums.path_independence(model, bits, key=jax.random.key(5), budget=budget)
     assert paths["agree"] >= 0.95 and paths["alignment"] > 0.99, paths
-
-
-STEPS = 600

@@ -1,0 +1,68 @@
+"""`reasoning_mazes`: the generic equilibrium layer trained on small mazes and asked far larger
+ones (`eqattn.mazes`: the cells of the path between a start and a goal), with every control.
+
+Per seed: the DEQ and its explicit twin of equal parameters trained as `eqattn train --task
+mazes --seed S` trains them (`MazesTask` through `train.train` at the command's defaults:
+`mazes.deq(32, 4)`, mazes of 5, 7 and 9 cells a side; the twin `nn.GraphReasoner.matched`'s,
+`reach(9)` untied steps), the last epoch's models; then on 16 fresh mazes of each of 9, 13, 21,
+33 and 59 cells a side (seed 10,000 + k), the share solved (every cell right) and of cells right
+of the same cases as the prefix sums' `reasoning` suite: the DEQ at the budget rule `4 k^2 +
+100`, the untrained DEQ, the trained step tied and run as many times as training runs it
+(`reach(9)`), 4 x the budget with the stopping test off, the explicit twin, path independence;
+and at 59 x 59 the mazes solved against the step budget. The target (the issue's): >= 95% of 59
+x 59 mazes, the DEQ >= 20 points above its twin there. `SEEDS`: the seeds a full run trains
+(`EQATTN_REASONING_SEEDS=0,1,2` chooses others: each seed costs its two trainings).
+
+`--quick`: 8 channels, 2 heads, 5 steps on mazes of 2 cells a side, 2 mazes of 4: it
+exercises the code only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from eqattn import mazes
+
+from . import _reasoning_parts
+
+SEEDS = (0, 1, 2)
+FULL = dict(config={}, sizes=(9, 13, 21, 33, 59), count=16,
+            budgets=(1000, 2000, 4000, 8000, mazes.budget_for(59)))  # fmt: skip
+QUICK = dict(config=dict(dim=8, heads=2, sizes=(2,), epochs=1, epoch_steps=5, test_mazes=2,
+                         test_sizes=(4,)),
+             sizes=(4,), count=2, budgets=(4, 16))  # fmt: skip
+
+
+def _draw(count: int, k: int) -> mazes.Mazes:
+    return mazes.draw_mazes(np.random.default_rng(10_000 + k), count, k)
+
+
+PARTS = _reasoning_parts.Parts(
+    name="mazes",
+    unit="mazes",
+    size="cells a side",
+    label=lambda k: f"{k} x {k}",
+    task=mazes.MazesTask,
+    config=mazes.MazesConfig,
+    draw=_draw,
+    score=mazes.score,
+    paths=mazes.path_independence,
+    load=mazes.load_model,
+)
+
+
+def _seeds() -> tuple[int, ...]:
+    chosen = os.environ.get("EQATTN_REASONING_SEEDS")
+    return SEEDS if not chosen else tuple(int(s) for s in chosen.split(","))
+
+
+def run(quick: bool = False) -> tuple[list[dict], dict]:
+    return _reasoning_parts.run(PARTS, QUICK if quick else FULL, (0,) if quick else _seeds())
+
+
+def table(payload) -> str:
+    """Mazes solved per case and size (median over the seeds, min-max), the DEQ's solver steps
+    and convergence, path independence, mazes solved against the step budget, the runs."""
+    return _reasoning_parts.table(PARTS, payload)
