@@ -54,11 +54,17 @@ DOCS_BLOCKS_RUN_BY_TESTS = {
 to it): the reasoning guide's trains the prefix-sums recipe that test checks."""
 
 
+def python_blocks(text: str) -> list[str]:
+    """The ```python blocks of a Markdown page, in order (`PAGE[python block I]` names them)."""
+    import re
+
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
 def docs_block(name: str) -> str:
     """The Python block `PAGE[python block I]` of the README or a docs page, as written."""
     import re
     from pathlib import Path
 
     page, index = re.fullmatch(r"(.+)\[python block (\d+)\]", name).groups()
-    text = (Path(__file__).parent.parent / page).read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)[int(index)]
+    return python_blocks((Path(__file__).parent.parent / page).read_text())[int(index)]

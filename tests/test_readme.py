@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from .checks import DOCS_BLOCKS_RUN_BY_TESTS
+from .checks import DOCS_BLOCKS_RUN_BY_TESTS, python_blocks
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
@@ -18,7 +18,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("**/*.md"))]
 BLOCKS = [
     (f"{page.relative_to(ROOT)}[python block {i}]", block)
     for page in PAGES
-    for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))
+    for i, block in enumerate(python_blocks(page.read_text()))
 ]
 """Every Python block of the README and the docs pages, by name."""
 
