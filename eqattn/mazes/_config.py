@@ -18,7 +18,9 @@ class MazesConfig(Config):
     the DEQ from a random partial solve of at most `warm` times
     [`reach`][eqattn.mazes.reach] steps, then `reach` + `train_steps` steps with gradient, plus
     `penalty` times the relative residual), `epoch_steps` steps an epoch, and scored on `test_mazes` mazes of
-    each of `test_sizes` (the DEQ's budget [`budget_for`][eqattn.mazes.budget_for]).
+    each of `test_sizes` (the DEQ's budget [`budget_for`][eqattn.mazes.budget_for]); `eqattn
+    train` of both models sets them side by side at `compare_sizes` (59 x 59, the DEQ's longest
+    solves by far, is left to `eqattn evaluate`).
 
     The DEQ's training unrolls its step (`solver`, `rtol` and `max_steps` are its
     evaluation's, `adjoint` how a user's gradient of the solved model is taken).
@@ -47,7 +49,7 @@ class MazesConfig(Config):
     )
     warm: float = setting(1.0, "DEQ: the partial solve's most steps, in multiples of `reach(k)`")
     penalty: float = setting(1.0, "DEQ: the weight of the relative residual in the loss")
-    epochs: int = 8
+    epochs: int = 6
     batch_size: int = setting(8, "mazes of each training size per optimizer step")
     lr: float = 1e-3
     weight_decay: float = 1e-4
@@ -61,6 +63,10 @@ class MazesConfig(Config):
         (9, 13, 21, 33, 59), "`eqattn evaluate`: the test mazes' sizes (cells a side)"
     )
     test_mazes: int = setting(16, "test mazes of each size (and validation mazes)")
+    compare_sizes: tuple[int, ...] = setting(
+        (9, 13, 21, 33),
+        "`eqattn train` of both models: the sizes of the side by side it prints at the end",
+    )
 
     def __post_init__(self):
         if self.depth is None and self.sizes:
@@ -71,7 +77,7 @@ class MazesConfig(Config):
         non_negative(self, ("warm", "penalty"))
         if self.dim % self.heads:
             raise ConfigError(f"`dim` ({self.dim}) must be divisible by `heads` ({self.heads})")
-        for name in ("sizes", "test_sizes"):
+        for name in ("sizes", "test_sizes", "compare_sizes"):
             values = getattr(self, name)
             if not values or min(values) < 2:
                 raise ConfigError(f"`{name}` must be maze sizes >= 2; got {list(values)}")

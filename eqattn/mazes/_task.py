@@ -94,6 +94,10 @@ class MazesTask(ReasoningTask):
         return config.test_sizes
 
     @classmethod
+    def compared_sizes(cls, config):
+        return config.compare_sizes
+
+    @classmethod
     def draw(cls, config, rng):
         return ([draw_mazes(rng, config.batch_size, k) for k in config.sizes],)
 

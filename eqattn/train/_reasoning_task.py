@@ -76,6 +76,12 @@ class ReasoningTask(AbstractTask):
         """`eqattn evaluate`'s sizes."""
 
     @classmethod
+    def compared_sizes(cls, config) -> Sequence[int]:
+        """The sizes of the side by side that `eqattn train` prints after training both models
+        (`comparison`): the test sizes unless a task says otherwise."""
+        return cls.test_sizes(config)
+
+    @classmethod
     def epoch_steps(cls, config) -> int:
         """Optimizer steps an epoch: the configuration's `epoch_steps`."""
         return config.epoch_steps
@@ -176,13 +182,13 @@ class ReasoningTask(AbstractTask):
 
     @classmethod
     def evaluate_sizes(
-        cls, model, config, budgets=None, *, tick=None, sweep: bool = True
+        cls, model, config, budgets=None, *, tick=None, sweep: bool = True, sizes=None
     ) -> list[dict[str, Any]]:
-        """One row per test size: its held-out set scored at the budget rule (`budget_for`),
-        and for a DEQ, with `sweep`, against the solver budget (`budgets`, default
-        `sweep_budgets`; stopped once every solve converged)."""
+        """One row per size of `sizes` (default the test sizes): its held-out set scored at the
+        budget rule (`budget_for`), and for a DEQ, with `sweep`, against the solver budget
+        (`budgets`, default `sweep_budgets`; stopped once every solve converged)."""
         rows = []
-        for n in cls.test_sizes(config):
+        for n in cls.test_sizes(config) if sizes is None else sizes:
             instances = cls.held_out(config, 10_000 + n, n)
             rule = cls.budget_for(n)
             row: dict[str, Any] = dict(n=n, budget_rule=rule)
@@ -213,16 +219,18 @@ class ReasoningTask(AbstractTask):
 
     @classmethod
     def comparison(cls, runs: dict[str, Path]) -> list[str]:
-        """Each run's share right at every test size (at the budget rule), side by side."""
+        """Each run's share right at every compared size (`compared_sizes`, at the budget rule),
+        side by side."""
         scored, config = {}, None
         for model, run in runs.items():
             loaded = load_model(Path(run), cls)
             config = loaded.config
-            rows = cls.evaluate_sizes(loaded.model, config, sweep=False)
+            sizes = cls.compared_sizes(config)
+            rows = cls.evaluate_sizes(loaded.model, config, sweep=False, sizes=sizes)
             scored[model] = {r["n"]: r["at_rule"][cls.unit] for r in rows}
         assert config is not None
         lines = [cls.trained_on(config)]
-        for n in cls.test_sizes(config):
+        for n in cls.compared_sizes(config):
             cells = ", ".join(f"{m} {s[n]:.2%}" for m, s in scored.items())
             lines.append(f"{cls.size_label(n)}: {cells}")
         return lines

@@ -17,7 +17,8 @@ from ..checks import run
 pytestmark = pytest.mark.float32
 
 TINY = ["--dim", "8", "--heads", "2", "--sizes", "3", "4", "--epochs", "1", "--epoch-steps",
-        "2", "--test-sizes", "5", "--test-mazes", "3", "--no-progress"]  # fmt: skip
+        "2", "--test-sizes", "5", "--compare-sizes", "4", "--test-mazes", "3",
+        "--no-progress"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,22 @@ def test_the_command_trains_the_deq_and_its_twin_and_evaluate_scores_each_maze(
     assert len(sweep) == 4 or sweep[-1]["converged"] == 1.0
 
 
+def test_the_side_by_side_scores_the_compared_sizes_only(pair):
+    """What `eqattn train` prints after both runs: each model's share of mazes solved at
+    `compare_sizes` (here 4; the test sizes, 5, are `eqattn evaluate`'s), as scored here."""
+    runs = {m: pair / m for m in ("deq", "explicit")}
+    with jax.enable_x64(False):
+        lines = mazes.MazesTask.comparison(runs)
+        solved = {
+            m: mazes.score(mazes.load_model(r), mazes.draw_mazes(np.random.default_rng(10_004),
+                           3, 4), budget=mazes.budget_for(4))["mazes"]
+            for m, r in runs.items()
+        }  # fmt: skip
+    assert lines[0].startswith("trained on mazes of 3-4 cells a side") and len(lines) == 2
+    label = mazes.MazesTask.size_label(4)
+    assert lines[1] == f"{label}: deq {solved['deq']:.2%}, explicit {solved['explicit']:.2%}"
+
+
 @pytest.mark.bad_input
 def test_the_settings_are_checked():
     assert mazes.MazesConfig(sizes=(3, 4), train_steps=2).depth == mazes.reach(4) + 2
@@ -77,6 +94,7 @@ def test_the_settings_are_checked():
         (dict(dim=30, heads=4), "`dim` (30) must be divisible by `heads` (4)"),
         (dict(sizes=()), "`sizes` must be maze sizes >= 2; got []"),
         (dict(test_sizes=(1, 8)), "`test_sizes` must be maze sizes >= 2"),
+        (dict(compare_sizes=()), "`compare_sizes` must be maze sizes >= 2; got []"),
         (dict(test_mazes=0), "`test_mazes` must be >= 1"),
         (dict(train_steps=-1), "`train_steps` must be >= 0"),
         (dict(penalty=-1.0), "`penalty` must be finite and >= 0"),
