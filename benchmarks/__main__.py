@@ -1,5 +1,6 @@
-"""`python -m benchmarks [SUITE ...] [--quick [--jobs N]] [--short] [--out DIR]`: run suites,
-print, write JSON (`--quick`: side by side, see `benchmarks._side_by_side`). `python -m
+"""`python -m benchmarks [SUITE ...] [--quick [--jobs N]] [--short] [--seeds S ...] [--out DIR]`:
+run suites, print, write JSON (`--quick`: side by side, see `benchmarks._side_by_side`;
+`--seeds`: a seeded suite seed by seed, see `benchmarks._seeds`). `python -m
 benchmarks compile ...` compiles for accelerators with no device (see `benchmarks.compile`);
 `python -m benchmarks gpu ...` is the one command for a lent GPU (see `benchmarks.gpu`)."""
 
@@ -80,6 +81,14 @@ def main(argv: list[str] | None = None) -> None:
         "cores); the full suites run one at a time",
     )
     parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="S",
+        help="the seeded suites (reasoning, reasoning_mazes): only these seeds, their rows added "
+        "to the suite's results file of this device (a seed run again replaces its own rows)",
+    )
+    parser.add_argument(
         "--allow-dirty",
         action="store_true",
         help="write into benchmarks/results from a tree with uncommitted changes to eqattn/ or "
@@ -92,14 +101,15 @@ def main(argv: list[str] | None = None) -> None:
         )
     # refused before anything runs; the files record the tree that ran, not one edited since
     _check_writable(parser, args.out)
+    suites = args.suites or list(SUITES)
+    _check_seeds(parser, suites, args.seeds)
     started = (git_commit(), tree_state(args.out, args.allow_dirty))
     dev = device_description()
     print(f"device: {dev['device_kind']} ({dev['platform']}, {dev['device_count']} device(s))")
-    suites = args.suites or list(SUITES)
     jobs = min(args.jobs or (_side_by_side.default_jobs() if args.quick else 1), len(suites))
     options = dict(
         quick=args.quick, short=args.short, out=args.out, allow_dirty=args.allow_dirty,
-        started=started,
+        started=started, seeds=None if args.seeds is None else tuple(args.seeds),
     )  # fmt: skip
     if jobs == 1:
         print(suite_times({s: _side_by_side.run_suite(s, **options) for s in suites}))
@@ -121,6 +131,19 @@ def _check_writable(parser: argparse.ArgumentParser, out: Path) -> None:
         parser.error(f"--out {out}: cannot make the folder ({error.strerror})")
     if not writable:
         parser.error(f"--out {out}: the folder cannot be written")
+
+
+def _check_seeds(parser: argparse.ArgumentParser, suites: list[str], seeds) -> None:
+    """`--seeds`: named suites that are all seeded, seeds >= 0 and each once."""
+    if seeds is None:
+        return
+    if min(seeds) < 0 or len(set(seeds)) < len(seeds):
+        parser.error(f"--seeds must be distinct seeds >= 0; got {' '.join(map(str, seeds))}")
+    from ._seeds import takes_seeds
+
+    unseeded = [s for s in suites if not takes_seeds(importlib.import_module(f"benchmarks.{s}"))]
+    if unseeded:
+        parser.error(f"--seeds: {', '.join(unseeded)} cannot run seed by seed (name seeded suites)")
 
 
 def suite_times(took: dict[str, float], wall: tuple[float, int] | None = None) -> str:

@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,13 @@ def tree_state(out_dir: Path, allow_dirty: bool) -> str:
     return f"uncommitted changes: {listed}"
 
 
+def results_path(out_dir: Path, suite: str) -> Path:
+    """Where `write_results` writes `suite`'s results of this device."""
+    dev = device_description()
+    tag = dev["device_kind"].lower().replace(" ", "-")
+    return Path(out_dir) / f"{suite}-{dev['platform']}-{tag}.json"
+
+
 def write_results(
     out_dir: Path,
     suite: str,
@@ -228,27 +236,29 @@ def write_results(
     *,
     allow_dirty: bool = False,
     started: tuple[str | None, str] | None = None,
+    merge: Callable[[dict], dict] | None = None,
 ) -> Path:
     """The suite's rows and `extra` as `<suite>-<platform>-<device>.json` in `out_dir`, with
     the device, versions, date, commit and the tree's state (see `tree_state`): `started`, the
     `(git_commit(), tree_state(...))` taken when the run began (the tree that ran, whatever
-    changed while it did), or else taken now."""
+    changed while it did), or else taken now. `merge`: what is written instead of the payload
+    (a seeded run's, with the file's earlier seeds: `benchmarks._seeds`)."""
     commit, tree = started or (git_commit(), tree_state(out_dir, allow_dirty))
     out_dir.mkdir(parents=True, exist_ok=True)
-    dev = device_description()
     stamp = datetime.datetime.now(datetime.UTC)
-    tag = dev["device_kind"].lower().replace(" ", "-")
-    path = out_dir / f"{suite}-{dev['platform']}-{tag}.json"
+    path = results_path(out_dir, suite)
     payload = {
         "suite": suite,
         "date": stamp.isoformat(timespec="seconds"),
-        "device": dev,
+        "device": device_description(),
         "versions": versions(),
         "git_commit": commit,
         "tree": tree,
         **(extra or {}),
         "rows": rows,
     }
+    if merge is not None:
+        payload = merge(payload)
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
 

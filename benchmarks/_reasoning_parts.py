@@ -5,6 +5,7 @@ training's (`benchmarks.reasoning`: prefix sums; `benchmarks.reasoning_mazes`: m
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import jax
 
 from eqattn import Picard, train
 
+from . import _seeds
 from ._harness import markdown_table, print_table
 
 
@@ -106,9 +108,15 @@ def run(parts: Parts, settings: dict, seeds: tuple[int, ...]) -> tuple[list[dict
         rows += _seed(parts, seed, settings)
         jax.clear_caches()
     _print(parts, rows)
+    return rows, {"settings": recorded(parts, settings), "seeds": list(seeds)}
+
+
+def recorded(parts: Parts, settings: dict) -> dict:
+    """What a results file records of a run's `settings` (its configuration whole): runs of
+    the same are set side by side (`benchmarks._seeds`)."""
     config = parts.config(**settings["config"]).to_dict()
     meta = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
-    return rows, {"settings": meta | {"config": config}, "seeds": list(seeds)}
+    return json.loads(json.dumps(meta | {"config": config}))  # as the file reads back
 
 
 def median(values) -> float:
@@ -168,7 +176,9 @@ def table(parts: Parts, payload) -> str:
         cells = [_cell([r for r in budget if r["budget"] == b], unit) for b in steps]
         out += "\n\n" + markdown_table([f"DEQ at {label(n)}: steps", *map(str, steps)],
                                        [[f"{unit} right", *cells]])  # fmt: skip
-    return out + "\n\n" + _runs_table(rows)
+    out += "\n\n" + _runs_table(rows)
+    seeds = _seeds.runs_line(payload)  # seeds run at different commits or days, run by run
+    return out if seeds is None else f"{out}\n\n{seeds}"
 
 
 def _runs_table(rows) -> str:

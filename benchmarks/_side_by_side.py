@@ -6,6 +6,7 @@ verdict, so its suites may share the machine. The full suites run one at a time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import io
@@ -16,7 +17,8 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from ._harness import write_results
+from . import _seeds
+from ._harness import results_path, write_results
 from ._one_context import use_one
 
 SLOWEST_FIRST = (
@@ -49,26 +51,54 @@ def default_jobs() -> int:
 
 
 def run_suite(
-    suite: str, *, quick: bool, short: bool, out: Path, allow_dirty: bool, started
+    suite: str,
+    *,
+    quick: bool,
+    short: bool,
+    out: Path,
+    allow_dirty: bool,
+    started,
+    seeds: tuple[int, ...] | None = None,
 ) -> float:
     """Run `suite` in this process: print its tables, write its results into `out` (`started`:
-    the tree's state when the run began, see `write_results`); returns its time in seconds."""
+    the tree's state when the run began, see `write_results`; `seeds`: only those, added to the
+    results file's others, see `benchmarks._seeds`); returns its time in seconds."""
     print(f"\n== {suite} ==")
     t0 = time.perf_counter()
     module = importlib.import_module(f"benchmarks.{suite}")
-    options = {"quick": quick}
+    options: dict = {"quick": quick}
     if quick:  # nothing is timed: one MLIR context for all its lowerings
         use_one()
     if short and "short" in inspect.signature(module.run).parameters:
         options["short"] = True
+    name = f"{suite}-quick" if quick else f"{suite}-short" if "short" in options else suite
+    merge = None
+    if seeds is not None:
+        earlier = _seeds.previous(results_path(out, name), module.settings(quick))
+        options["seeds"] = seeds
+        merge = functools.partial(_merged, earlier)
     rows, extra = module.run(**options)
     if quick:  # what the code was compiled with
         extra = {**extra, "xla_flags": os.environ.get("XLA_FLAGS", "")}
-    name = f"{suite}-quick" if quick else f"{suite}-short" if "short" in options else suite
-    written = write_results(out, name, rows, extra, allow_dirty=allow_dirty, started=started)
+    written = write_results(
+        out, name, rows, extra, allow_dirty=allow_dirty, started=started, merge=merge
+    )
     took = time.perf_counter() - t0
     print(f"wrote {written} ({suite}: {took:.0f} s)")
     return took
+
+
+def _merged(earlier: dict | None, payload: dict) -> dict:
+    """A seeded run's payload with the results file's other seeds (said which it kept and which
+    it replaced)."""
+    ran = payload["seeds"]
+    payload, replaced = _seeds.merged(earlier, payload)
+    if earlier is not None:
+        kept = sorted(set(earlier["seeds"]) - set(ran))
+        again = f"; seeds {_seeds.listed(replaced)} run again" if replaced else ""
+        print(f"added to {_seeds.listed(kept) or 'no'} earlier seeds{again}: the file holds "
+              f"seeds {_seeds.listed(payload['seeds'])}")  # fmt: skip
+    return payload
 
 
 def _captured(suite: str, options: dict) -> tuple[str, float | None]:

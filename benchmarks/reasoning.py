@@ -61,8 +61,15 @@ PARTS = _reasoning_parts.Parts(
 )
 
 
-def run(quick: bool = False) -> tuple[list[dict], dict]:
-    return _reasoning_parts.run(PARTS, QUICK if quick else FULL, (0,) if quick else SEEDS)
+def settings(quick: bool = False) -> dict:
+    """What the results file records of the run's settings."""
+    return _reasoning_parts.recorded(PARTS, QUICK if quick else FULL)
+
+
+def run(quick: bool = False, seeds: tuple[int, ...] | None = None) -> tuple[list[dict], dict]:
+    """Every seed's rows (`seeds`: only those; default all three, or seed 0 with `quick`)."""
+    chosen = seeds if seeds is not None else (0,) if quick else SEEDS
+    return _reasoning_parts.run(PARTS, QUICK if quick else FULL, chosen)
 
 
 def table(payload) -> str:

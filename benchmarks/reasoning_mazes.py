@@ -14,6 +14,10 @@ x 59 mazes, the DEQ >= 20 points above its twin there. Each seed costs its two t
 command's, about 14 minutes on a 2-core CPU) and the 59 x 59 solves, 4 x the budget without
 stopping the longest of them.
 
+A seed's run is about 1.5 hours on a 2-core CPU: `python -m benchmarks reasoning_mazes --seeds
+S` runs seed S alone and adds its rows to the results file's (`benchmarks._seeds`), so that
+the three are run one at a time.
+
 `--quick`: 8 channels, 2 heads, 5 steps on mazes of 2 cells a side, 2 mazes of 4: it
 exercises the code only.
 """
@@ -52,8 +56,15 @@ PARTS = _reasoning_parts.Parts(
 )
 
 
-def run(quick: bool = False) -> tuple[list[dict], dict]:
-    return _reasoning_parts.run(PARTS, QUICK if quick else FULL, (0,) if quick else SEEDS)
+def settings(quick: bool = False) -> dict:
+    """What the results file records of the run's settings."""
+    return _reasoning_parts.recorded(PARTS, QUICK if quick else FULL)
+
+
+def run(quick: bool = False, seeds: tuple[int, ...] | None = None) -> tuple[list[dict], dict]:
+    """Every seed's rows (`seeds`: only those; default all three, or seed 0 with `quick`)."""
+    chosen = seeds if seeds is not None else (0,) if quick else SEEDS
+    return _reasoning_parts.run(PARTS, QUICK if quick else FULL, chosen)
 
 
 def table(payload) -> str:

@@ -211,6 +211,8 @@ def _check_reasoning_rows(payload, suite: str, part: str, tied: str, sizes: list
     paths = [r for r in rows if r["part"] == "paths"]
     assert paths and all(0 <= r["agree"] <= 1 for r in paths)
     assert [r["budget"] for r in rows if r["part"] == "budget"] == [4, 16]
+    # what `--seeds` compares before it adds a run to this file (benchmarks._seeds)
+    assert payload["settings"] == importlib.import_module(f"benchmarks.{suite}").settings(True)
 
 
 def _check_reasoning(payload):
