@@ -14,6 +14,13 @@ side (seed 1000 + k): the share solved (every cell right) at the budget rule
 `reach(9)` times (the training depth). Every size is also scored before training (the
 untrained model at its initialisation, seed 0).
 
+`--of RUN` trains nothing: a saved run's DEQ (`eqattn train --task mazes`) on `--count` mazes of
+each of 13, 21, 33 and 59 cells a side (`eqattn evaluate`'s held-out mazes, seed 10,000 + k),
+each solved alone at the budget rule: its cells right by their distance, in passages, from the
+nearer end of the path (on the path and off it apart), and whether each solve converged. Where
+the answer fails far from both ends and right near them, the fixed point carries the ends'
+signal only so far.
+
 `--model explicit` trains the DEQ's explicit twin of equal parameters instead
 (`nn.GraphReasoner.matched`, `reach(9)` untied steps: as deep as the DEQ's training runs with
 gradient) by the same recipe (no partial solve, no penalty: it has no fixed point).
@@ -29,8 +36,12 @@ import equinox as eqx
 import jax
 import numpy as np
 import optax
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import shortest_path
 
 from eqattn import mazes, nn, train
+
+from ._harness import device_description, git_commit
 
 SIZES = (5, 7, 9)
 TESTS = (9, 13, 21, 33)
@@ -90,6 +101,58 @@ def run(model_kind: str, warm: float, penalty: float, steps: int, lr: float) -> 
     return result
 
 
+BANDS = (0, 12, 23, 45, 89, 177, 10**9)
+"""Distances from the nearer end, in passages: the bands' lower bounds (45: beyond `reach(9)`,
+the training's steps with gradient)."""
+
+
+def _from_the_ends(passages, inputs, k: int) -> np.ndarray:
+    """Each cell's distance in passages from the nearer of the maze's start and goal."""
+    a, b = np.asarray(passages).T
+    n = k * k
+    adjacency = coo_matrix((np.ones(2 * len(a)), (np.r_[a, b], np.r_[b, a])), shape=(n, n))
+    ends = np.flatnonzero(np.asarray(inputs) == 1)
+    return shortest_path(adjacency, unweighted=True, indices=ends).min(0)
+
+
+def by_distance(run: str, count: int) -> list[dict]:
+    """A saved run's DEQ, maze by maze (module docstring, `--of`)."""
+    model = mazes.load_model(run)
+    rows = []
+    for k in (13, 21, 33, 59):
+        batch = mazes.draw_mazes(np.random.default_rng(10_000 + k), count, k)
+        right, far, on_path, converged, steps = [], [], [], [], []
+        for i in range(count):
+            graph = jax.tree.map(lambda a: a[i], batch.graph)  # noqa: B023
+            p = model.predict(batch.inputs[i], graph, budget=mazes.budget_for(k))
+            right.append(np.asarray(p.logits).argmax(-1) == batch.targets[i])
+            far.append(_from_the_ends(batch.passages[i], batch.inputs[i], k))
+            on_path.append(batch.targets[i] == 1)
+            converged.append(bool(p.converged))
+            steps.append(int(p.steps))
+        right, far, on_path = map(np.concatenate, (right, far, on_path))
+        bands = []
+        for low, high in zip(BANDS, BANDS[1:]):
+            band = (far >= low) & (far < high)
+            shares = {name: float(right[band & part].mean()) if (band & part).any() else None
+                      for name, part in (("on_path", on_path), ("off_path", ~on_path))}  # fmt: skip
+            bands.append(dict(low=low, high=high, cells=int(band.sum()), **shares))
+        row = dict(k=k, mazes=count, solved=float(np.mean(np.all(np.split(right, count), 1))),
+                   cells=float(right.mean()), converged=converged, steps=steps, bands=bands)  # fmt: skip
+        rows.append(row)
+        print(f"{k} x {k}: solved {row['solved']:.3f}, cells {row['cells']:.4f}, converged "
+              f"{np.mean(converged):.2f} (steps {', '.join(map(str, steps))})", flush=True)  # fmt: skip
+        for b in bands:
+            if b["cells"]:
+                on, off = (
+                    f"{b[x]:.4f}" if b[x] is not None else "-" for x in ("on_path", "off_path")
+                )
+                span = f"{b['low']}+" if b["high"] == BANDS[-1] else f"{b['low']}-{b['high'] - 1}"
+                print(f"  {span} passages from an end: {b['cells']} cells, "
+                      f"right on the path {on}, off it {off}", flush=True)  # fmt: skip
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("deq", "explicit"), default="deq")
@@ -98,8 +161,19 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", default=None, help="a JSON file for the result")
+    parser.add_argument(
+        "--of",
+        default=None,
+        metavar="RUN",
+        help="no training: a saved run's DEQ by distance from the path's ends",
+    )
+    parser.add_argument("--count", type=int, default=8, help="with --of: mazes of each size")
     args = parser.parse_args(argv)
-    result = run(args.model, args.warm, args.penalty, args.steps, args.lr)
+    if args.of:
+        result: dict = dict(run=args.of, sizes=by_distance(args.of, args.count))
+        result.update(git_commit=git_commit(), device=device_description()["device_kind"])
+    else:
+        result = run(args.model, args.warm, args.penalty, args.steps, args.lr)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
