@@ -79,8 +79,3 @@ def runs_line(payload: dict[str, Any]) -> str | None:
         dirty = "" if tree in ("clean", "as committed (EQATTN_COMMIT)") else f", {tree}"
         parts.append(f"{', '.join(seeds)} (commit {commit}, {day}{dirty})")
     return "seeds " + "; ".join(parts)
-
-
-def listed(seeds) -> str:
-    """`[0, 2]` -> "0, 2"."""
-    return ", ".join(map(str, seeds))

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from . import _seeds
-from ._harness import results_path, write_results
+from ._harness import results_path, seeds_cell, write_results
 from ._one_context import use_one
 
 SLOWEST_FIRST = (
@@ -95,9 +95,9 @@ def _merged(earlier: dict | None, payload: dict) -> dict:
     payload, replaced = _seeds.merged(earlier, payload)
     if earlier is not None:
         kept = sorted(set(earlier["seeds"]) - set(ran))
-        again = f"; seeds {_seeds.listed(replaced)} run again" if replaced else ""
-        print(f"added to {_seeds.listed(kept) or 'no'} earlier seeds{again}: the file holds "
-              f"seeds {_seeds.listed(payload['seeds'])}")  # fmt: skip
+        again = f"; seeds {seeds_cell(replaced)} run again" if replaced else ""
+        print(f"added to {seeds_cell(kept) if kept else 'no'} earlier seeds{again}: the file "
+              f"holds seeds {seeds_cell(payload['seeds'])}")  # fmt: skip
     return payload
 
 

@@ -16,7 +16,8 @@ untrained model at its initialisation, seed 0).
 
 `--of RUN` trains nothing: a saved run's DEQ (`eqattn train --task mazes`) on `--count` mazes of
 each of 13, 21, 33 and 59 cells a side (`eqattn evaluate`'s held-out mazes, seed 10,000 + k),
-each solved alone at the budget rule: its cells right by their distance, in passages, from the
+each solved alone at the budget rule, and the same DEQ untrained (the run's initialisation)
+first: its cells right by their distance, in passages, from the
 nearer end of the path (on the path and off it apart), and whether each solve converged. Where
 the answer fails far from both ends and right near them, the fixed point carries the ends'
 signal only so far.
@@ -115,9 +116,8 @@ def _from_the_ends(passages, inputs, k: int) -> np.ndarray:
     return shortest_path(adjacency, unweighted=True, indices=ends).min(0)
 
 
-def by_distance(run: str, count: int) -> list[dict]:
-    """A saved run's DEQ, maze by maze (module docstring, `--of`)."""
-    model = mazes.load_model(run)
+def by_distance(model, count: int) -> list[dict]:
+    """A DEQ maze by maze (module docstring, `--of`)."""
     rows = []
     for k in (13, 21, 33, 59):
         batch = mazes.draw_mazes(np.random.default_rng(10_000 + k), count, k)
@@ -170,7 +170,12 @@ def main(argv=None) -> None:
     parser.add_argument("--count", type=int, default=8, help="with --of: mazes of each size")
     args = parser.parse_args(argv)
     if args.of:
-        result: dict = dict(run=args.of, sizes=by_distance(args.of, args.count))
+        loaded = train.load_model(args.of, mazes.MazesTask)
+        print("untrained (the run's initialisation):", flush=True)
+        untrained = by_distance(train.initial_model(mazes.MazesTask, loaded.config), args.count)
+        print("trained:", flush=True)
+        result: dict = dict(run=args.of, sizes=by_distance(loaded.model, args.count))
+        result["untrained"] = untrained
         result.update(git_commit=git_commit(), device=device_description()["device_kind"])
     else:
         result = run(args.model, args.warm, args.penalty, args.steps, args.lr)

@@ -50,12 +50,15 @@ def test_seeds_run_apart_add_up_and_a_seed_run_again_replaces_only_its_rows(
     assert both["rows"][-1]["call"] == 1  # seed 2's rows are the first run's, kept
     runs = both["seed_runs"]
     assert runs["2"]["git_commit"] == "abc1234" and runs["0"]["git_commit"] == "def5678"
-    assert "added to 2 earlier seeds: the file holds seeds 0, 1, 2" in capsys.readouterr().out
+    assert "added to 2 earlier seeds: the file holds seeds 0-2" in capsys.readouterr().out
     again = _run(tmp_path, (1,))
     assert [(r["seed"], r["call"]) for r in again["rows"]] == [
         (0, 2), (0, 2), (1, 3), (1, 3), (2, 1), (2, 1)
     ]  # fmt: skip
-    assert "added to 0, 2 earlier seeds; seeds 1 run again" in capsys.readouterr().out
+    assert (
+        "added to 0, 2 earlier seeds; seeds 1 run again: the file holds seeds 0-2"
+        in capsys.readouterr().out
+    )
     day = {s: r["date"][:10] for s, r in again["seed_runs"].items()}
     assert _seeds.runs_line(again) == (
         f"seeds 0 (commit def5678, {day['0']}); 1, 2 (commit abc1234, {day['1']})"
