@@ -56,8 +56,12 @@ def solve_cells(budget: int | None, steps: float | None, converged: float | None
 
 
 def progress_bar(total: int | None, desc: str, enabled: bool | None, unit: str = "batch"):
-    """A tqdm bar on stderr (`enabled` None: when stderr is a terminal)."""
-    from tqdm.auto import tqdm
-
+    """A tqdm bar on stderr (`enabled` None: when stderr is a terminal). A bar that is off is
+    plain tqdm's: `tqdm.auto` is imported only for a bar shown (in a notebook without
+    ipywidgets it warns as it is imported)."""
     enabled = sys.stderr.isatty() if enabled is None else enabled
+    if enabled:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr)

@@ -194,3 +194,17 @@ def test_the_budget_sweep_stops_once_every_solve_converged(capsys, tmp_path):
     }
     lines = eqattn.digits.DigitsTask.evaluation_report(result)
     assert lines[-1].startswith(f"(every solve converged within {stop} steps")
+
+
+def test_a_bar_that_is_off_leaves_tqdm_auto_alone(monkeypatch):
+    """A bar that is off (in a notebook, `progress=False`) never imports `tqdm.auto`, which in a
+    Jupyter kernel without ipywidgets warns as it is imported; a bar shown does."""
+    import sys
+
+    from eqattn.train import progress_bar
+
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # any import of it fails
+    with progress_bar(3, "x", False) as bar:
+        bar.update(3)
+    with pytest.raises(ImportError):
+        progress_bar(3, "x", True)
