@@ -79,6 +79,23 @@ class WeightedGraphs(NamedTuple):
         """Each directed edge's weight `[B, E]` (0 on padding)."""
         return np.asarray(self.graph.edge_features)[..., 0]
 
+    def padded(self, edges: int) -> WeightedGraphs:
+        """The same graphs padded to `edges` directed edges each (at least as many as they
+        have): batches of one shape share one compiled solve."""
+        senders, receivers = np.asarray(self.graph.senders), np.asarray(self.graph.receivers)
+        count, width = senders.shape
+        if edges < width:
+            raise GraphError(f"`edges` ({edges}) is fewer than the batch's {width} edge slots")
+        more = ((0, 0), (0, edges - width))
+        n = self.graph.num_nodes
+        graph = Graph(
+            np.pad(senders, more),
+            np.pad(receivers, more, constant_values=n),
+            num_nodes=n,
+            edge_features=np.pad(np.asarray(self.graph.edge_features), (*more, (0, 0))),
+        )
+        return WeightedGraphs(graph, self.source)
+
     def with_weights(self, weights) -> WeightedGraphs:
         """The same graphs and sources with other `weights [B, E]` (0 on padding)."""
         w = np.where(np.asarray(self.graph.real), np.asarray(weights, np.float32), 0.0)

@@ -156,6 +156,27 @@ def test_predict_dense_equals_edges():
 
 
 @pytest.mark.float32
+def test_the_evaluation_answers_alike_with_the_families_in_one_padded_shape(monkeypatch):
+    """`evaluate_sizes` pads a size's families to one shape (one compiled solve): every row,
+    the sweep against the budget and the spanning tree's solves again with longer lists
+    included, is the one each family's own shape gives."""
+    from eqattn.graphs import _evaluation
+
+    model = graphs.GraphDEQ(6, "mst", key=jax.random.key(3))  # untrained: any map
+    config = graphs.GraphConfig(algorithm="mst")
+    sizes = {16: 3}
+    shared = graphs.evaluate_sizes(model, config, sizes=sizes)
+    monkeypatch.setattr(_evaluation, "SHARED_EDGES", 0)
+    assert graphs.evaluate_sizes(model, config, sizes=sizes) == shared
+    g = graphs.sample_weighted("path", 5, 2, seed=0)
+    wide = g.padded(64)
+    assert wide.graph.senders.shape == (2, 64) and wide.graph.real.sum() == g.graph.real.sum()
+    assert (wide.weights[:, :8] == g.weights).all() and not wide.weights[:, 8:].any()
+    with pytest.raises(eqattn.GraphError, match=r"`edges` \(4\) is fewer than the batch's 8"):
+        g.padded(4)
+
+
+@pytest.mark.float32
 def test_predict_refusals():
     weighted = graphs.GraphDEQ(4, "shortest-paths", key=jax.random.key(0))
     g = graphs.sample("path", 4, 1, seed=0)
