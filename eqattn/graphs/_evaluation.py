@@ -176,8 +176,8 @@ SWEEP = (0.25, 1.0, 4.0)
 SHARED_EDGES = 16384
 """Up to this many edges a graph, the families of one size are padded to one shape, so that
 their solves share one compiled program (the default run's side by side at 256 and 1024 nodes:
-4 compilations instead of 14, 35 s down to 14 on a 2-core CPU); wider graphs keep their own
-(a solve of thousands of steps over 8 x padding costs more than a compilation)."""
+4 compilations instead of 14); wider graphs keep their own (a solve of thousands of steps over
+8 x padding costs more than a compilation)."""
 
 
 def evaluate_parents(
@@ -194,9 +194,10 @@ def evaluate_parents(
     algorithm = algorithm_of(config.algorithm)
     rows = []
     for n, count in sizes.items():
-        drawn = [sample_weighted(f, n, count, seed=1000 + n) for f in families or WEIGHTED_FAMILIES]
+        chosen = families or WEIGHTED_FAMILIES
+        drawn = [sample_weighted(f, n, count, seed=1000 + n) for f in chosen]
         edges = max(g.graph.senders.shape[1] for g in drawn)
-        for family, g in zip(families or WEIGHTED_FAMILIES, drawn):
+        for family, g in zip(chosen, drawn):
             g = g.padded(edges) if edges <= SHARED_EDGES else g
             inputs, targets = examples(g, algorithm)
 

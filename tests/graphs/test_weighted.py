@@ -158,8 +158,7 @@ def test_predict_dense_equals_edges():
 @pytest.mark.float32
 def test_the_evaluation_answers_alike_with_the_families_in_one_padded_shape(monkeypatch):
     """`evaluate_sizes` pads a size's families to one shape (one compiled solve): every row,
-    the sweep against the budget and the spanning tree's solves again with longer lists
-    included, is the one each family's own shape gives."""
+    the sweep against the budget included, is the one each family's own shape gives."""
     from eqattn.graphs import _evaluation
 
     model = graphs.GraphDEQ(6, "mst", key=jax.random.key(3))  # untrained: any map
