@@ -82,8 +82,7 @@ def _computed(plan: Plan, problem: Problem) -> tuple[jax.Array, jax.Array]:
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _core(backend, causal, causal_leaf, q, k, v, beta, mask):
     """The computation, one program per backend, causality and shapes: a call outside `jit`
-    compiles it once instead of each of its operations (tests/attention on a 2-core CPU: 86
-    and 88 s against 98 and 102 s); inside `jit` it is inlined."""
+    compiles it once instead of each of its operations; inside `jit` it is inlined."""
     if causal:
         return _causal.attention_core(q, k, v, beta, mask, backend, causal_leaf)
     return backend.attention_core(q, k, v, beta, mask)
