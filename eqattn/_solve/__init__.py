@@ -19,6 +19,7 @@ from ._backends import (
     ForwardSolve as ForwardSolve,
     JaxoptSolver as JaxoptSolver,
     Solver as Solver,
+    solver_backend as solver_backend,
     tolerances as tolerances,
 )
 from ._equilibrium import (

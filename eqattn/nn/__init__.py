@@ -5,7 +5,9 @@ The models' calls (every equilibrium layer's `layer(...)`, the transformers' `mo
 notebook, a test) one runs as one program, compiled once per shape and setting, instead of
 operation by operation; inside your own `jax.jit`, `jax.grad` or `jax.vmap` it is traced inline
 as before. Python numbers and flags passed to them (`budget=8`, `inference=True`) are part of
-what is compiled."""
+what is compiled. An equilibrium layer's `forward(...)` and `equilibrium(...)` run its solve as
+one program the same way (its `budget` a run-time value with eqattn's solvers), after checking
+their inputs."""
 
 from ._cache import GenerationCache as GenerationCache, Step as Step
 from ._deq import DEQTransformer as DEQTransformer

@@ -168,8 +168,12 @@ class ImplicitGraphAttention(AbstractEquilibriumLayer):
     ) -> Equilibrium:
         """The fixed point of `update` from zero states (or `z0`); its `value` is a
         [`GraphState`][eqattn.nn.GraphState], its `stats["settled"]` per node (class
-        docstring)."""
-        graph = self.step.check(graph)
+        docstring). Compiled as one program; the graph's values are checked before it."""
+        graph = self.step.check(graph)  # values too, where they are concrete
+        return self._equilibrium(graph, anchors, node_features, z0, self._run_budget(budget))
+
+    @eqx.filter_jit
+    def _equilibrium(self, graph: Graph, anchors, node_features, z0, budget) -> Equilibrium:
         dtype = _dtype(self.step, graph)
         a, code = _anchor_values(self.encoder, anchors, node_features, self.step.width, dtype)
         if a.shape[0] != graph.num_nodes:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+from jaxtyping import ArrayLike
 
 from .._solve import (
     AbstractAdjoint,
@@ -17,6 +18,7 @@ from .._solve import (
     default_adjoint,
     fixed_point,
     precision_rtol,
+    solver_backend,
 )
 
 
@@ -72,13 +74,25 @@ class AbstractEquilibriumLayer(AbstractSolved):
     def solve(self, update: Callable, z0, *args, budget=None) -> Equilibrium:
         """Solve $z = \\mathrm{update}(\\mathrm{self}, z, *\\mathrm{args})$ from `z0` with this layer's
         solver, adjoint and `throw`. The layer and `args` are passed explicitly, so gradients
-        reach every parameter."""
-        return fixed_point(
-            lambda z, a: update(a[0], z, *a[1:]),
-            z0,
-            (self, *args),
-            solver=self.solver,
-            adjoint=self.adjoint,
-            throw=self.throw,
-            budget=budget,
-        )
+        reach every parameter. Compiled as one program (see `eqattn.nn`); `update` is part of
+        what is compiled (a function defined once, such as the layer's own step), and so is
+        `budget` only where the solver needs a Python int (jaxopt's, Optimistix's)."""
+        return _solve(update, self, z0, args, self._run_budget(budget))
+
+    def _run_budget(self, budget: int | ArrayLike | None) -> Any:
+        """`budget` as this layer's solver takes it at run time: eqattn's solvers an int32
+        array (a new budget does not recompile), other libraries' the Python int."""
+        return solver_backend(self.solver).budget(self.solver, budget)
+
+
+@eqx.filter_jit
+def _solve(update: Callable, layer: AbstractEquilibriumLayer, z0, args, budget) -> Equilibrium:
+    return fixed_point(
+        lambda z, a: update(a[0], z, *a[1:]),
+        z0,
+        (layer, *args),
+        solver=layer.solver,
+        adjoint=layer.adjoint,
+        throw=layer.throw,
+        budget=budget,
+    )
