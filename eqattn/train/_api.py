@@ -185,8 +185,11 @@ def load_model(
     path, header = read_header(path)
     config = config_of(path, header, task_type)
     skeleton = config if max_steps is None else dataclasses.replace(config, max_steps=max_steps)
-    # the checkpoint's dtype, whatever JAX's default float is now (jax_enable_x64 or not)
-    like = task_type.build_model(skeleton, jax.random.key(0), dtype=header.get("dtype"))
+    # the checkpoint's dtype, whatever JAX's default float is now (jax_enable_x64 or not);
+    # shapes only: nothing is initialised that the checkpoint's leaves replace
+    like = eqx.filter_eval_shape(
+        lambda: task_type.build_model(skeleton, jax.random.key(0), dtype=header.get("dtype"))
+    )
     return LoadedModel(load_checkpoint(path, like), config, header)
 
 
