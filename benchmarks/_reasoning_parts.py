@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -14,18 +15,18 @@ from typing import Any
 
 import jax
 
-from eqattn import Picard, train
+from eqattn import train
 
 from . import _seeds
-from ._harness import markdown_table, print_table
+from ._harness import git_commit, markdown_table, print_table
 
 
 @dataclasses.dataclass(frozen=True)
 class Parts:
     """How a suite reaches one task: its `train.ReasoningTask` and configuration, `draw(count,
     n)` its test instances of size `n` (seed 10,000 + n), `score(model, instances, budget=,
-    steps=)` and `paths(model, instances, key=, budget=)` its package's scoring and path
-    independence, `load(run)` a run's model; `unit` names the share of instances right in a
+    steps=)`, `score_steps(model, instances, counts)` and `paths(model, instances, key=,
+    budget=)` its package's scoring, scoring after counts of steps and path independence, `load(run)` a run's model; `unit` names the share of instances right in a
     score (`strings`, `mazes`), `size` the sizes' unit in tables and `label(n)` a size in
     them."""
 
@@ -37,43 +38,101 @@ class Parts:
     config: Callable[..., Any]
     draw: Callable[[int, int], Any]
     score: Callable[..., dict]
+    score_steps: Callable[[Any, Any, list[int]], list[dict]]
     paths: Callable[..., dict]
     load: Callable[[Path], Any]
 
 
-def unstopped(model, steps: int):
-    """`model` solving exactly `steps` steps (a stopping test only an exact fixed point
-    passes)."""
-    return model.with_solver(Picard(rtol=1e-30, atol=0.0, max_steps=steps))
+class Work:
+    """A seed's work folder: its trained runs and each finished part's rows (`NAME.json`, with
+    the commit that made them), so that a run interrupted and started again loses only the
+    part in flight. `folder` None: nothing kept (quick runs)."""
+
+    def __init__(self, folder: Path | None, recorded: dict):
+        self.folder = folder
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        mark = folder / "settings.json"
+        if mark.exists() and json.loads(mark.read_text()) != recorded:
+            raise SystemExit(
+                f"{folder} holds a run of other settings; its parts and these cannot be set "
+                "side by side (move it aside first)"
+            )
+        _write(mark, recorded)
+
+    def runs(self, scratch: Path) -> Path:
+        """Where the trained runs go (`scratch` when nothing is kept)."""
+        return scratch if self.folder is None else self.folder
+
+    def part(self, name: str, make: Callable[[], list[dict]]) -> list[dict]:
+        """`make()`'s rows, or the rows a run before this one kept of the part `name`."""
+        if self.folder is None:
+            return make()
+        path = self.folder / f"{name}.json"
+        if path.exists():
+            kept = json.loads(path.read_text())
+            print(f"{path}: kept from commit {kept['git_commit']}")
+            return kept["rows"]
+        rows = make()
+        _write(path, {"git_commit": git_commit(), "rows": rows})
+        return rows
 
 
-def _sizes(parts: Parts, seed: int, s: dict, deq, untrained, twin, depth: int) -> list[dict]:
-    rows = []
-    for n in s["sizes"]:
-        data, budget = parts.draw(s["count"], n), parts.task.budget_for(n)
-        cases = {
-            "deq": parts.score(deq, data, budget=budget),
-            "untrained": parts.score(untrained, data, budget=budget),
-            f"tied x{depth}": parts.score(deq, data, steps=depth),
-            "4x budget, no stop": parts.score(unstopped(deq, 4 * budget), data, budget=4 * budget),
-            "explicit twin": parts.score(twin, data),
-        }
-        rows += [dict(part="size", case=c, seed=seed, n=n, **r) for c, r in cases.items()]
-        paths = parts.paths(deq, data, key=jax.random.key(seed), budget=budget)
-        rows.append(dict(part="paths", seed=seed, n=n, **paths))
-    n = max(s["sizes"])
-    data = parts.draw(s["count"], n)
-    longest = unstopped(deq, max(s["budgets"]))  # one program, the budget its argument
-    for steps in s["budgets"]:
-        r = parts.score(longest, data, budget=steps)
-        rows.append(dict(part="budget", seed=seed, n=n, budget=steps, **r))
-    return rows
+def _write(path: Path, payload) -> None:
+    """`payload` as JSON at `path`, whole or not at all."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(json.dumps(payload, indent=1))
+    os.replace(part, path)
+
+
+def _size(parts: Parts, seed: int, s: dict, models, depth: int, n: int, work: Work):
+    """Size `n`'s rows of every case, path independence, and at the largest size the budget
+    sweep: the tied control, 4 x the budget without stopping and the sweep are one run of the
+    step (`score_steps`), scored at each count."""
+    deq, untrained, twin = models
+    data, budget = parts.draw(s["count"], n), parts.task.budget_for(n)
+    sweep = s["budgets"] if n == max(s["sizes"]) else ()
+    counts = sorted({depth, 4 * budget, *sweep})
+
+    def steps() -> list[dict]:
+        return [dict(count=c, **r) for c, r in zip(counts, parts.score_steps(deq, data, counts))]
+
+    def paths() -> list[dict]:
+        few = jax.tree.map(lambda a: a[:paths_count], data)  # the first few instances
+        out = parts.paths(deq, few, key=jax.random.key(seed), budget=budget)
+        return [dict(part="paths", seed=seed, n=n, count=paths_count, **out)]
+
+    paths_count = s.get("paths_count", s["count"])
+    at = {r.pop("count"): r for r in work.part(f"n{n}-steps", steps)}
+    scored = {  # case: its part's name and rows
+        "deq": ("deq", lambda: [parts.score(deq, data, budget=budget)]),
+        "untrained": ("untrained", lambda: [parts.score(untrained, data, budget=budget)]),
+        f"tied x{depth}": (None, lambda: [at[depth]]),
+        "4x budget, no stop": (None, lambda: [at[4 * budget]]),
+        "explicit twin": ("explicit", lambda: [parts.score(twin, data)]),
+    }
+    rows = [
+        dict(part="size", case=case, seed=seed, n=n,
+             **(make() if name is None else work.part(f"n{n}-{name}", make))[0])
+        for case, (name, make) in scored.items()
+    ]  # fmt: skip
+    rows += work.part(f"n{n}-paths", paths)
+    budgets = [dict(part="budget", seed=seed, n=n, budget=b, **at[b]) for b in sweep]
+    return rows, budgets
 
 
 def _trained(parts: Parts, config, folder: Path):
-    """The run `eqattn train --task NAME` makes of `config`: its last model and a row."""
+    """The run `eqattn train --task NAME` makes of `config` in `folder`: its last model and a
+    row. A finished run there is read, an interrupted one resumed."""
     run = folder / config.model
-    metrics = train.train(parts.task(config), run, progress="off")
+    metrics_file = run / "metrics.json"
+    metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else None
+    if metrics is None or metrics.get("epochs_done", 0) < config.epochs:
+        try:
+            metrics = train.resume(run, parts.task, progress="off")
+        except train.RunError:  # nothing to resume from: a run from the start
+            metrics = train.train(parts.task(config), run, progress="off", overwrite=True)
     model = parts.load(run)
     step = model.core.step if model.is_deq else model.core.steps[0]
     last = metrics["history"][-1]
@@ -85,30 +144,40 @@ def _trained(parts: Parts, config, folder: Path):
     return model, row
 
 
-def _seed(parts: Parts, seed: int, s: dict) -> list[dict]:
+def _seed(parts: Parts, seed: int, s: dict, work: Work) -> list[dict]:
     """One seed's training runs and scores."""
     deq_config = parts.config(seed=seed, **s["config"])
     untrained = train.initial_model(parts.task, deq_config)
     rows, trained = [], {}
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as scratch:
         for model in ("deq", "explicit"):
             config = dataclasses.replace(deq_config, model=model)
-            trained[model], row = _trained(parts, config, Path(folder))
+            trained[model], row = _trained(parts, config, work.runs(Path(scratch)))
             rows.append(row)
             jax.clear_caches()
     depth = deq_config.depth
     assert depth is not None
-    return rows + _sizes(parts, seed, s, trained["deq"], untrained, trained["explicit"], depth)
+    models, sweeps = (trained["deq"], untrained, trained["explicit"]), []
+    for n in s["sizes"]:
+        sized, budgets = _size(parts, seed, s, models, depth, n, work)
+        rows, sweeps = rows + sized, sweeps + budgets
+    return rows + sweeps
 
 
-def run(parts: Parts, settings: dict, seeds: tuple[int, ...]) -> tuple[list[dict], dict]:
-    """Every seed's rows (printed), and the payload's settings."""
-    rows = []
+def run(
+    parts: Parts, settings: dict, seeds: tuple[int, ...], work: Path | None = None
+) -> tuple[list[dict], dict]:
+    """Every seed's rows (printed), and the payload's settings. `work`: the folder that keeps
+    each seed's runs and finished parts (`work/seed-S`, see `Work`); None keeps nothing."""
+    rows, recorded_settings = [], recorded(parts, settings)
     for seed in seeds:
-        rows += _seed(parts, seed, settings)
+        folder = None if work is None else work / f"seed-{seed}"
+        if folder is not None:
+            print(f"seed {seed}: runs and finished parts kept in {folder}")
+        rows += _seed(parts, seed, settings, Work(folder, recorded_settings))
         jax.clear_caches()
     _print(parts, rows)
-    return rows, {"settings": recorded(parts, settings), "seeds": list(seeds)}
+    return rows, {"settings": recorded_settings, "seeds": list(seeds)}
 
 
 def recorded(parts: Parts, settings: dict) -> dict:
@@ -166,8 +235,10 @@ def table(parts: Parts, payload) -> str:
          f"{min(r['alignment'] for r in paths if r['n'] == n):.4f}"]
         for n in sizes if n in deq
     ]  # fmt: skip
+    counts = {r.get("count") for r in paths}
+    few = f" of {counts.pop()} {unit}" if len(counts) == 1 and None not in counts else ""
     header = [f"DEQ: {parts.size}", "solver steps (median)", "converged (lowest)",
-              "random starts agree (lowest)", "alignment (lowest)"]  # fmt: skip
+              f"random starts agree (lowest{few})", "alignment (lowest)"]  # fmt: skip
     out += "\n\n" + markdown_table(header, body)
     budget = [r for r in rows if r["part"] == "budget"]
     if budget:

@@ -1,7 +1,7 @@
 """Seeded suites run a few seeds at a time: `python -m benchmarks SUITE --seeds S [S ...]` adds
 the seeds' rows to the suite's results file of the device instead of replacing it, so that a
-suite too long for one sitting (`reasoning_mazes`: about 1.5 hours a seed on a 2-core CPU) is
-run seed by seed. A seeded suite's `run` takes `seeds`, and its `settings(quick)` are what its
+suite too long for one sitting (`reasoning_mazes`: hours a seed on a 2-core CPU) is run seed
+by seed. A seeded suite's `run` takes `seeds`, and its `settings(quick)` are what its
 payload records as `settings`: seeds of other settings are never mixed (the run is refused
 before it starts), and a seed run again replaces only its own rows (said when it does). The
 payload's `seed_runs` names each seed's commit, tree and date."""

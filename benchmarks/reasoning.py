@@ -17,7 +17,10 @@ on 32 bits), the last epoch's models; then on 64 fresh strings of each of 32, 64
   start from zeros (`prefix_sums.path_independence`).
 
 And at the largest size, the DEQ's strings right against its step budget (the stopping test off
-below the budget's end: accuracy against solver steps). The target (issue's): >= 99% of 512-bit
+below the budget's end: accuracy against solver steps). The tied control, the unstopped solve
+and that sweep are one run of the step scored at each count (`prefix_sums.score_steps`). A full
+run keeps each seed's trained runs and finished parts in `runs/benchmarks/reasoning/seed-S`
+(`_reasoning_parts.Work`): started again, it goes on from there. The target (issue's): >= 99% of 512-bit
 strings, the DEQ >= 20 points above its twin there.
 
 The common part (training, controls, tables) is `benchmarks._reasoning_parts`'s, shared with
@@ -29,6 +32,8 @@ a twin of 8 steps: it exercises the code only.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from eqattn import prefix_sums
@@ -36,6 +41,9 @@ from eqattn import prefix_sums
 from . import _reasoning_parts
 
 SEEDS = (0, 1, 2)
+WORK = Path(__file__).parent.parent / "runs" / "benchmarks" / "reasoning"
+"""Where a full run keeps each seed's trained runs and finished parts (`_reasoning_parts.Work`):
+run again, it goes on from there."""
 FULL = dict(config={}, sizes=(32, 64, 128, 256, 512), count=64,
             budgets=(128, 256, 512, 1024, 2048))  # fmt: skip
 QUICK = dict(config=dict(dim=8, heads=2, lengths=(4,), epochs=1, epoch_steps=20, test_strings=8),
@@ -56,6 +64,7 @@ PARTS = _reasoning_parts.Parts(
     config=prefix_sums.PrefixSumsConfig,
     draw=_draw,
     score=lambda model, data, **options: prefix_sums.score(model, *data, **options),
+    score_steps=lambda model, data, counts: prefix_sums.score_steps(model, *data, counts=counts),
     paths=lambda model, data, **options: prefix_sums.path_independence(model, data[0], **options),
     load=prefix_sums.load_model,
 )
@@ -69,7 +78,8 @@ def settings(quick: bool = False) -> dict:
 def run(quick: bool = False, seeds: tuple[int, ...] | None = None) -> tuple[list[dict], dict]:
     """Every seed's rows (`seeds`: only those; default all three, or seed 0 with `quick`)."""
     chosen = seeds if seeds is not None else (0,) if quick else SEEDS
-    return _reasoning_parts.run(PARTS, QUICK if quick else FULL, chosen)
+    work = None if quick else WORK
+    return _reasoning_parts.run(PARTS, QUICK if quick else FULL, chosen, work)
 
 
 def table(payload) -> str:

@@ -209,7 +209,9 @@ def _check_reasoning_rows(payload, suite: str, part: str, tied: str, sizes: list
     unstopped = next(r for r in scored if r["case"] == "4x budget, no stop")
     assert unstopped["steps"] == 4 * parts.task.budget_for(unstopped["n"])
     paths = [r for r in rows if r["part"] == "paths"]
+    settings = payload["settings"]
     assert paths and all(0 <= r["agree"] <= 1 for r in paths)
+    assert all(r["count"] == settings.get("paths_count", settings["count"]) for r in paths)
     assert [r["budget"] for r in rows if r["part"] == "budget"] == [4, 16]
     # what `--seeds` compares before it adds a run to this file (benchmarks._seeds)
     assert payload["settings"] == importlib.import_module(f"benchmarks.{suite}").settings(True)

@@ -42,6 +42,7 @@ from ._training import (
     mixed_loss as mixed_loss,
     path_independence as path_independence,
     score as score,
+    score_steps as score_steps,
 )
 
 __all__ = [
@@ -65,4 +66,5 @@ __all__ = [
     "path_independence",
     "reach",
     "score",
+    "score_steps",
 ]

@@ -169,6 +169,32 @@ def score(
     return {"mazes": out.pop("instances"), "cells": out.pop("nodes"), **out}
 
 
+def score_steps(
+    model: nn.GraphReasoner, mazes: Mazes, *, counts: Sequence[int]
+) -> list[dict[str, float]]:
+    """A DEQ's step run with no stopping test, scored after each of `counts` steps (increasing,
+    one run continued): per count, `score`'s fields, `steps` the count and `converged` the share
+    of mazes whose state passes the solver's relative test. The tied control, 4 x the budget
+    with the stopping test off, and mazes solved against solver steps, from one run.
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import mazes
+
+    model = mazes.deq(8, 2, key=jax.random.key(0))
+    batch = mazes.draw_mazes(np.random.default_rng(0), 2, 4)
+    early, late = mazes.score_steps(model, batch, counts=[5, 50])
+    assert late["steps"] == 50 and late == mazes.score_steps(model, batch, counts=[50])[0]
+    ```
+    """
+    out = train.reasoning_score_steps(
+        model, mazes.inputs, mazes.graph, mazes.targets, counts=counts
+    )
+    return [{"mazes": r.pop("instances"), "cells": r.pop("nodes"), **r} for r in out]
+
+
 def path_independence(
     model: nn.GraphReasoner,
     mazes: Mazes,

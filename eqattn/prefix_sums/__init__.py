@@ -39,6 +39,7 @@ from ._training import (
     mixed_loss as mixed_loss,
     path_independence as path_independence,
     score as score,
+    score_steps as score_steps,
 )
 
 __all__ = [
@@ -62,4 +63,5 @@ __all__ = [
     "path_independence",
     "prefix_parity",
     "score",
+    "score_steps",
 ]

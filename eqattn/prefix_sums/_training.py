@@ -192,6 +192,38 @@ def score(
     return {"strings": out.pop("instances"), "bits": out.pop("nodes"), **out}
 
 
+def score_steps(
+    model: PrefixSumsModel,
+    bits: Int[ArrayLike, "batch n"],
+    targets: Int[ArrayLike, "batch n"],
+    *,
+    counts: Sequence[int],
+) -> list[dict[str, float]]:
+    """A DEQ's step run with no stopping test, scored after each of `counts` steps (increasing,
+    one run continued): per count, `score`'s fields, `steps` the count and `converged` the share
+    of strings whose state passes the solver's relative test. The tied control, 4 x the budget
+    with the stopping test off, and strings right against solver steps, from one run.
+
+    **Example:**
+
+    ```python
+    import jax, numpy as np
+    from eqattn import prefix_sums
+
+    model = prefix_sums.PrefixSumsModel.deq(8, 2, key=jax.random.key(0))
+    bits = prefix_sums.draw_bits(np.random.default_rng(0), 4, 6)
+    targets = prefix_sums.prefix_parity(bits)
+    early, late = prefix_sums.score_steps(model, bits, targets, counts=[2, 8])
+    assert late["steps"] == 8 and late["strings"] <= late["bits"] <= 1
+    ```
+    """
+    if not model.is_deq:
+        raise TypeError("`score_steps` runs a DEQ's step; this model is explicit")
+    bits = jnp.asarray(bits)
+    out = train.reasoning_score_steps(model.reasoner, bits, _chains(bits), targets, counts=counts)
+    return [{"strings": r.pop("instances"), "bits": r.pop("nodes"), **r} for r in out]
+
+
 def path_independence(
     model: PrefixSumsModel,
     bits: Int[ArrayLike, "batch n"],

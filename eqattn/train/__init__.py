@@ -60,6 +60,7 @@ from ._reasoning import (
     reasoning_loss as reasoning_loss,
     reasoning_paths as reasoning_paths,
     reasoning_score as reasoning_score,
+    reasoning_score_steps as reasoning_score_steps,
     reasoning_step as reasoning_step,
     residual_from_zeros as residual_from_zeros,
 )

@@ -16,7 +16,7 @@ right only if every node is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -164,6 +164,43 @@ def reasoning_score(
         "steps": float(count),
         "converged": float(converged),
     }
+
+
+@eqx.filter_jit
+def _continued(model: nn.GraphReasoner, inputs, graphs, steps, z):
+    return batched(lambda c, g, z: model.unrolled(c, g, steps, z0=z), graphs)(inputs, z)
+
+
+def reasoning_score_steps(
+    model: nn.GraphReasoner, inputs, graphs: Graph, targets, *, counts: Sequence[int]
+) -> list[dict[str, float]]:
+    r"""A DEQ's step iterated from zeros with no stopping test, scored after each of `counts`
+    steps (increasing; one run continued: `max(counts)` steps in all, one program): per count,
+    the scores of `reasoning_score` (`steps`: the count) with `converged` the share of
+    instances whose state passes the solver's relative test, $\lVert f(z) - z\rVert \le
+    \text{rtol} \lVert f(z)\rVert$. The tied control, the solve with the stopping test off and
+    accuracy against solver steps, all from one run."""
+    counts = [int(c) for c in counts]
+    if not counts or counts[0] < 0 or any(b <= a for a, b in zip(counts, counts[1:])):
+        raise ValueError(f"`counts` must be increasing ints >= 0; got {counts}")
+    if not isinstance(model.core, nn.ImplicitGraphTransformer):
+        raise TypeError("`reasoning_score_steps` iterates a DEQ's step; this model is explicit")
+    inputs, answers = jnp.asarray(inputs), jnp.asarray(targets)
+    dtype = model.encoder.weight.dtype
+    z = jnp.zeros((*inputs.shape, model.encoder.weight.shape[0]), dtype)
+    rtol, done, out = tolerances(model.core.solver)[0], 0, []
+    for count in counts:
+        logits, z = _continued(model, inputs, graphs, jnp.asarray(count - done, jnp.int32), z)
+        done = count
+        fz = _continued(model, inputs, graphs, jnp.asarray(1, jnp.int32), z)[1]
+        right = jnp.argmax(logits, -1) == answers
+        out.append({
+            "instances": float(jnp.mean(jnp.all(right, -1))),
+            "nodes": float(jnp.mean(right)),
+            "steps": float(count),
+            "converged": float(jnp.mean(relative_residual(fz, z) <= rtol)),
+        })  # fmt: skip
+    return out
 
 
 @eqx.filter_jit

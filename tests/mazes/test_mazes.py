@@ -37,6 +37,32 @@ def test_a_batch_is_each_maze_answered_on_its_own_graph():
     assert all(np.isfinite(g).all() for g in leaves) and all(np.abs(g).max() > 0 for g in leaves)
 
 
+def test_scores_after_counts_of_steps_come_from_one_run_continued():
+    """`score_steps` against the step run each count of times from zeros, maze by maze (the
+    tied control's path), its `converged` against the relative residual in float64 numpy."""
+    batch = mazes.draw_mazes(np.random.default_rng(3), 3, 4)
+    deq = mazes.deq(8, 2, key=jax.random.key(0), solver=Picard(rtol=1e-3))
+    one = [mazes.maze_graph(p, 4) for p in batch.passages]
+    counts = [2, 5, 30]
+    rows = mazes.score_steps(deq, batch, counts=counts)
+    unrolled = eqx.filter_jit(lambda c, g, n, z0=None: deq.unrolled(c, g, n, z0=z0))
+    for count, row in zip(counts, rows):
+        alone = [unrolled(c, g, jnp.int32(count)) for c, g in zip(batch.inputs, one)]
+        right = [np.argmax(logits, -1) == y for (logits, _), y in zip(alone, batch.targets)]
+        assert row["steps"] == count and row["cells"] == pytest.approx(np.mean(right))
+        assert row["mazes"] == pytest.approx(np.mean([r.all() for r in right]))
+        z = [np.asarray(z, np.float64) for _, z in alone]
+        fz = [np.asarray(unrolled(c, g, jnp.int32(1), zi)[1], np.float64)
+              for c, g, zi in zip(batch.inputs, one, z)]  # fmt: skip
+        ratio = [np.linalg.norm(f - zi) / np.linalg.norm(f) for f, zi in zip(fz, z)]
+        assert row["converged"] == pytest.approx(np.mean(np.array(ratio) <= 1e-3))
+    assert rows[0]["converged"] < rows[-1]["converged"] == 1.0  # both branches of the test
+    with pytest.raises(ValueError, match=r"`counts` must be increasing ints >= 0; got \[5, 5\]"):
+        mazes.score_steps(deq, batch, counts=[5, 5])
+    with pytest.raises(TypeError, match="explicit"):
+        mazes.score_steps(mazes.explicit(8, 2, depth=2, key=jax.random.key(1)), batch, counts=[1])
+
+
 @pytest.mark.bad_input
 def test_the_model_reads_the_mazes_sides_and_answers_two_logits():
     model = mazes.deq(8, 2, key=jax.random.key(0))

@@ -132,6 +132,11 @@ def test_trained_on_short_strings_the_deq_solves_longer_ones(capsys):
     unstopped = model.with_solver(Picard(rtol=1e-30, atol=0.0, max_steps=4 * budget))
     longer = prefix_sums.score(unstopped, bits, targets, budget=4 * budget)
     assert longer["steps"] == 4 * budget and longer["strings"] >= solved["strings"] - 0.005
+    # the tied control and the unstopped solve again, from one run of the step continued
+    counts = [8 + prefix_sums.EXTRA_STEPS, 4 * budget]
+    again = prefix_sums.score_steps(model, bits, targets, counts=counts)
+    for old, new in zip((tied, longer), again):
+        assert (new["strings"], new["bits"]) == pytest.approx((old["strings"], old["bits"]))
     # path independence: from random starts, the same answers at the same fixed points
     paths = prefix_sums.path_independence(model, bits, key=jax.random.key(5), budget=budget)
     assert paths["agree"] >= 0.95 and paths["alignment"] > 0.99, paths

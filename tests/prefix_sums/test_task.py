@@ -2,6 +2,7 @@
 explicit twin of equal parameters trained side by side, scored against answers computed here
 string by string in numpy; the settings checked with errors that name them."""
 
+import dataclasses
 import json
 import re
 
@@ -95,3 +96,38 @@ def test_the_settings_are_checked_and_the_twin_follows_the_training_lengths():
     start = train.initial_model(prefix_sums.PrefixSumsTask, twin)
     params = sum(a.size for a in jax.tree.leaves(eqx.filter(start, eqx.is_inexact_array)))
     assert params == train.count_params(prefix_sums.PrefixSumsTask.build_model, shaped) == 9050
+
+
+def test_a_reasoning_suite_goes_on_from_the_runs_and_parts_its_work_folder_kept(
+    pair, tmp_path, monkeypatch
+):
+    """`benchmarks.reasoning`'s seed run into a work folder that holds the command's finished
+    runs: nothing trains again; run a second time, every part is read back (nothing scores),
+    with the same rows; a folder of other settings is refused."""
+    import shutil
+
+    from benchmarks import _reasoning_parts
+    from benchmarks.reasoning import PARTS
+
+    config = dict(dim=4, heads=2, lengths=(2, 3), epochs=1, epoch_steps=3, test_lengths=(5, 9),
+                  test_strings=6)  # the command's TINY  # fmt: skip
+    settings = dict(config=config, sizes=(5,), count=4, paths_count=2, budgets=(2, 8))
+    for model in ("deq", "explicit"):
+        shutil.copytree(pair / model, tmp_path / "seed-0" / model)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("ran again what the work folder holds")
+
+    monkeypatch.setattr(train, "train", refused)
+    monkeypatch.setattr(train, "resume", refused)
+    with jax.enable_x64(False):
+        rows, _ = _reasoning_parts.run(PARTS, settings, (0,), tmp_path)
+        kept = sorted(p.name for p in (tmp_path / "seed-0").glob("*.json"))
+        assert kept == ["n5-deq.json", "n5-explicit.json", "n5-paths.json", "n5-steps.json",
+                        "n5-untrained.json", "settings.json"]  # fmt: skip
+        parts = dataclasses.replace(PARTS, score=refused, score_steps=refused, paths=refused)
+        again, _ = _reasoning_parts.run(parts, settings, (0,), tmp_path)
+    assert again == rows and [r["budget"] for r in rows if r["part"] == "budget"] == [2, 8]
+    assert next(r for r in rows if r["part"] == "paths")["count"] == 2
+    with pytest.raises(SystemExit, match="holds a run of other settings"):
+        _reasoning_parts.run(parts, {**settings, "count": 5}, (0,), tmp_path)
