@@ -46,7 +46,8 @@ class Parts:
 class Work:
     """A seed's work folder: its trained runs and each finished part's rows (`NAME.json`, with
     the commit that made them), so that a run interrupted and started again loses only the
-    part in flight. `folder` None: nothing kept (quick runs)."""
+    part in flight; rows kept from another commit than the run's say which (`made_at`).
+    `folder` None: nothing kept (quick runs)."""
 
     def __init__(self, folder: Path | None, recorded: dict):
         self.folder = folder
@@ -73,7 +74,9 @@ class Work:
         if path.exists():
             kept = json.loads(path.read_text())
             print(f"{path}: kept from commit {kept['git_commit']}")
-            return kept["rows"]
+            if kept["git_commit"] == git_commit():
+                return kept["rows"]
+            return [dict(r, made_at=kept["git_commit"]) for r in kept["rows"]]  # said so
         rows = make()
         _write(path, {"git_commit": git_commit(), "rows": rows})
         return rows

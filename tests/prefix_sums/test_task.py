@@ -103,7 +103,8 @@ def test_a_reasoning_suite_goes_on_from_the_runs_and_parts_its_work_folder_kept(
 ):
     """`benchmarks.reasoning`'s seed run into a work folder that holds the command's finished
     runs: nothing trains again; run a second time, every part is read back (nothing scores),
-    with the same rows; a folder of other settings is refused."""
+    with the same rows, those of another commit marked; a folder of other settings is
+    refused."""
     import shutil
 
     from benchmarks import _reasoning_parts
@@ -127,7 +128,12 @@ def test_a_reasoning_suite_goes_on_from_the_runs_and_parts_its_work_folder_kept(
                         "n5-untrained.json", "settings.json"]  # fmt: skip
         parts = dataclasses.replace(PARTS, score=refused, score_steps=refused, paths=refused)
         again, _ = _reasoning_parts.run(parts, settings, (0,), tmp_path)
+        # a part kept from another commit: its rows say which
+        deq = tmp_path / "seed-0" / "n5-deq.json"
+        deq.write_text(json.dumps({**json.loads(deq.read_text()), "git_commit": "an earlier"}))
+        marked, _ = _reasoning_parts.run(parts, settings, (0,), tmp_path)
     assert again == rows and [r["budget"] for r in rows if r["part"] == "budget"] == [2, 8]
+    assert [r.get("made_at") for r in marked if r["part"] == "size"] == ["an earlier"] + [None] * 4
     assert next(r for r in rows if r["part"] == "paths")["count"] == 2
     with pytest.raises(SystemExit, match="holds a run of other settings"):
         _reasoning_parts.run(parts, {**settings, "count": 5}, (0,), tmp_path)
