@@ -26,9 +26,9 @@ class Parts:
     """How a suite reaches one task: its `train.ReasoningTask` and configuration, `draw(count,
     n)` its test instances of size `n` (seed 10,000 + n), `score(model, instances, budget=,
     steps=)`, `score_steps(model, instances, counts)` and `paths(model, instances, key=,
-    budget=)` its package's scoring, scoring after counts of steps and path independence, `load(run)` a run's model; `unit` names the share of instances right in a
-    score (`strings`, `mazes`), `size` the sizes' unit in tables and `label(n)` a size in
-    them."""
+    budget=)` its package's scoring, scoring after counts of steps and path independence,
+    `load(run)` a run's model; `unit` names the share of instances right in a score
+    (`strings`, `mazes`), `size` the sizes' unit in tables and `label(n)` a size in them."""
 
     name: str
     unit: str
